@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-8)
+
+.PHONY: install demo test test-slow quality bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# a tested build first, so the package's unpinned torch requirement installs nothing more
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
+
+quality: $(STAMP)
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff format --check src tests examples benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_metrics.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

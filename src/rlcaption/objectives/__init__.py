@@ -1,0 +1,15 @@
+"""Training objectives, one module each; importing this package registers the built-in ones."""
+
+from .base import CaptionObjective, available_objectives, get_objective_class, register_objective
+from .scst import SCSTObjective, policy_gradient_loss
+from .xe import XEObjective
+
+__all__ = [
+    "CaptionObjective",
+    "SCSTObjective",
+    "XEObjective",
+    "available_objectives",
+    "get_objective_class",
+    "policy_gradient_loss",
+    "register_objective",
+]

@@ -1,0 +1,86 @@
+"""
+Self-critical sequence training (Rennie et al., CVPR 2017; SPEC.md, common ground):
+REINFORCE on sampled captions with a baseline that does not depend on the sample,
+`grad ≈ −(R(g) − b) grad log p(g | x)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..decoding import caption_token_mask, image_inputs_of, repeat_image_inputs, token_log_probs
+from .base import CaptionObjective, register_objective
+
+__all__ = ["SCSTObjective", "policy_gradient_loss"]
+
+
+def policy_gradient_loss(
+    token_log_probs: torch.Tensor, token_mask: torch.Tensor, advantages: torch.Tensor, normalization: str
+) -> torch.Tensor:
+    """
+    REINFORCE loss `−Σ_t A · log p(g_t | g_<t, x)` of a batch of sampled captions.
+
+    Args:
+        token_log_probs (`torch.FloatTensor` of shape `(N, T)`): log-probabilities of the sampled tokens.
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): 1 on the caption's tokens (end token included).
+        advantages (`torch.FloatTensor` of shape `(N,)` or `(N, T)`): reward minus baseline, per caption or token.
+        normalization: `token` divides the sum by the number of tokens in the batch, `sequence` by the number of
+            captions.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (N, 1), broadcast over tokens
+    weighted = -(advantages.detach() * token_log_probs * token_mask)  # (N, T)
+    if normalization == "token":
+        return weighted.sum() / token_mask.sum().clamp(min=1.0)
+    return weighted.sum() / token_log_probs.size(0)
+
+
+@register_objective
+class SCSTObjective(CaptionObjective):
+    """
+    Samples `num_samples_per_image` captions per image, scores them with the trainer's rewards, and applies
+    REINFORCE with the `baseline` of the config: the greedy caption's reward (self-critical), the mean reward of the
+    image's other samples ("new self-critical"), or none.
+    """
+
+    name = "scst"
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        args, trainer = self.args, self.trainer
+        num_samples = args.num_samples_per_image
+        image_inputs = image_inputs_of(inputs)
+        references, image_ids = inputs["references"], inputs["image_id"]
+        batch_size = len(references)
+
+        # 1. sample k captions per image from the current policy
+        samples = trainer.sample_captions(image_inputs, num_return_sequences=num_samples)
+        sample_index = torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)
+        repeated = sample_index.tolist()
+        rewards = trainer.compute_rewards(
+            samples.texts, [references[i] for i in repeated], inputs, row_index=repeated
+        )  # (B*k,)
+
+        # 2. baseline, independent of the sample it is subtracted from
+        if args.baseline == "greedy":
+            greedy = trainer.greedy_captions(image_inputs)
+            greedy_rewards = trainer.compute_rewards(
+                greedy.texts, references, inputs, row_index=list(range(batch_size)), log_prefix="greedy"
+            )
+            baselines = np.repeat(greedy_rewards, num_samples)
+        elif args.baseline == "mean_of_others":
+            per_image = rewards.reshape(batch_size, num_samples)
+            baselines = ((per_image.sum(axis=1, keepdims=True) - per_image) / (num_samples - 1)).reshape(-1)
+        else:
+            baselines = np.zeros_like(rewards)
+        advantages = torch.as_tensor(rewards - baselines, dtype=torch.float32, device=samples.sequences.device)
+
+        # 3. policy gradient on the samples' log-probabilities (with gradient, through the wrapped model)
+        log_probs = token_log_probs(model, repeat_image_inputs(image_inputs, sample_index), samples.sequences)
+        mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
+        trainer.record_metric("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
+        trainer.record_metric("sample_length", float(mask.sum(dim=1).mean()))
+        return policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)

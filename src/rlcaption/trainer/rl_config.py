@@ -1,0 +1,115 @@
+"""Training arguments of [`RLCaptionTrainer`]: the usual `TrainingArguments` plus what RL captioning needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+__all__ = ["RLCaptionConfig"]
+
+BASELINES = ("greedy", "mean_of_others", "none")
+LOSS_NORMALIZATIONS = ("token", "sequence")
+
+
+@dataclass
+class RLCaptionConfig(TrainingArguments):
+    """
+    Configuration of [`RLCaptionTrainer`]. Every field of [`~transformers.TrainingArguments`] applies; the fields
+    below choose the objective, the rewards, how captions are sampled, and how the model is evaluated during training.
+
+    Label smoothing for the `xe` objective is the inherited `label_smoothing_factor`.
+    """
+
+    # > Objective
+    objective: str = field(
+        default="xe",
+        metadata={"help": "Training objective: `xe` (teacher forcing) or an RL objective such as `scst`."},
+    )
+
+    # > Rewards
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["cider"],
+        metadata={"help": "Names of built-in rewards (see `rlcaption.rewards.available_rewards()`)."},
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "One weight per reward function; all 1.0 when unset."},
+    )
+    document_frequencies: str | None = field(
+        default=None,
+        metadata={
+            "help": "CIDEr-D document-frequency file for the `cider`/`spider` rewards; by default they are computed "
+            "once from the training split's references."
+        },
+    )
+
+    # > Sampling
+    num_samples_per_image: int = field(
+        default=5,
+        metadata={"help": "Captions sampled per image by RL objectives (k in SCST)."},
+    )
+    baseline: str = field(
+        default="greedy",
+        metadata={
+            "help": "Reward baseline of `scst`: `greedy` (reward of the greedy caption, Rennie et al. 2017), "
+            "`mean_of_others` (mean reward of the other samples of the same image) or `none`."
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for RL objectives."})
+    max_caption_length: int = field(
+        default=20,
+        metadata={"help": "Maximum number of generated tokens per caption (sampling and evaluation)."},
+    )
+    loss_normalization: str = field(
+        default="token",
+        metadata={
+            "help": "Policy-gradient loss normalisation: `token` (sum over tokens / number of tokens, as in "
+            "self-critical.pytorch) or `sequence` (mean over captions of the summed log-probabilities)."
+        },
+    )
+    xe_captions_per_image: int | None = field(
+        default=None,
+        metadata={"help": "References used per image and step by `xe`; all of them when unset."},
+    )
+
+    # > Evaluation during training
+    eval_num_beams: int = field(default=3, metadata={"help": "Beam size of the captions scored during evaluation."})
+    eval_metrics: list[str] = field(
+        default_factory=lambda: ["CIDEr", "Bleu_4"],
+        metadata={"help": "Caption metrics computed on the evaluation split (COCO toolkit names)."},
+    )
+
+    # Changed defaults. Captions, references and image ids are not forward() arguments, so the Trainer must not
+    # drop those columns.
+    remove_unused_columns: bool = field(
+        default=False,
+        metadata={"help": "Kept False: objectives need the `captions` and `image_id` columns."},
+    )
+    # A recipe's loss is logged often enough to see RL progress on small datasets.
+    logging_steps: float = field(default=10, metadata={"help": "Log every X update steps."})
+    report_to: str | list[str] | None = field(
+        default="none", metadata={"help": "Integrations to report to; none by default (runs offline)."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline={self.baseline!r} is not one of {BASELINES}.")
+        if self.loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(f"loss_normalization={self.loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
+        if self.num_samples_per_image < 1:
+            raise ValueError(f"num_samples_per_image must be >= 1, got {self.num_samples_per_image}.")
+        if self.baseline == "mean_of_others" and self.num_samples_per_image < 2:
+            raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
+        if not self.reward_funcs:
+            raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} values for {len(self.reward_funcs)} reward functions "
+                f"({self.reward_funcs}); give one weight per function."
+            )
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+        if self.max_caption_length < 1:
+            raise ValueError(f"max_caption_length must be >= 1, got {self.max_caption_length}.")

@@ -1,0 +1,303 @@
+"""[`RLCaptionTrainer`]: one `transformers.Trainer` for teacher forcing and every RL objective of the library."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate.utils import gather_object
+from torch import nn
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
+
+from .. import objectives as _objectives  # noqa: F401  (registers the built-in objectives)
+from ..data.collator import CaptionCollator
+from ..decoding import GeneratedCaptions, generate_captions, image_inputs_of
+from ..metrics import evaluate_captions
+from ..objectives.base import get_objective_class
+from ..rewards import RewardMix, get_reward
+from .rl_config import RLCaptionConfig
+
+__all__ = ["RLCaptionTrainer", "last_complete_checkpoint"]
+
+logger = logging.get_logger(__name__)
+
+# Rewards whose CIDEr-D part needs document frequencies; by default they come from the training references.
+_REWARDS_WITH_DOCUMENT_FREQUENCIES = ("cider", "spider")
+# Files a checkpoint folder must hold to be resumable; the trainer state is written last.
+_CHECKPOINT_COMPLETE_MARKER = "trainer_state.json"
+
+RewardLike = str | Callable[..., list[float]]
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """
+    The newest `checkpoint-<step>` folder of `output_dir` that was written to the end (its trainer state exists).
+    A folder left half-written by an interrupted save is skipped with a warning, never trusted.
+    """
+    if not os.path.isdir(output_dir):
+        return None
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    steps = sorted(
+        (int(match.group(1)), name) for name in os.listdir(output_dir) if (match := pattern.match(name))
+    )
+    for _, name in reversed(steps):
+        folder = os.path.join(output_dir, name)
+        if os.path.isfile(os.path.join(folder, _CHECKPOINT_COMPLETE_MARKER)):
+            return folder
+        logger.warning(f"Skipping incomplete checkpoint {folder} (no {_CHECKPOINT_COMPLETE_MARKER}; interrupted save).")
+    return None
+
+
+class RLCaptionTrainer(Trainer):
+    """
+    Trains a captioning model with the objective named by `args.objective` (`xe`, `scst`, ...).
+
+    The objective computes the loss of a batch; this class provides what objectives share: sampling and greedy
+    decoding, reward computation with per-reward logging, metric recording, generation-based evaluation, and the
+    resumable-checkpoint logic. Backward, gradient accumulation, mixed precision and DDP stay the Trainer's.
+
+    Args:
+        model: a captioning model with `generate()` (ours, or a transformers encoder-decoder captioner).
+        args ([`RLCaptionConfig`]): the training configuration.
+        processing_class: the processor (tokenizer + image processor) used to tokenize references and decode.
+        reward_funcs: reward names and/or callables `f(completions=..., references=..., **columns) -> list[float]`;
+            `args.reward_funcs` when `None`.
+        train_dataset / eval_dataset: datasets with `image` (or `pixel_values`/`image_features`), `captions`,
+            `image_id` columns.
+        data_collator: defaults to [`CaptionCollator`].
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: RLCaptionConfig,
+        processing_class: Any,
+        train_dataset=None,
+        eval_dataset=None,
+        reward_funcs: RewardLike | Sequence[RewardLike] | None = None,
+        data_collator: Callable | None = None,
+        **kwargs: Any,
+    ):
+        if not isinstance(args, RLCaptionConfig):
+            raise TypeError(f"args must be an RLCaptionConfig, got {type(args).__name__}.")
+        if processing_class is None:
+            raise ValueError("RLCaptionTrainer needs the processor (processing_class) to tokenize and decode captions.")
+        objective_class = get_objective_class(args.objective)  # fails early on an unknown name
+        if data_collator is None:
+            data_collator = CaptionCollator(
+                processing_class,
+                captions_per_image=args.xe_captions_per_image,
+                max_caption_length=args.max_caption_length + 2,  # + start and end tokens
+            )
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            **kwargs,
+        )
+        # Objectives return a per-batch mean: the Trainer divides it by the accumulation steps.
+        self.loss_is_scaled_for_ga = False
+        self._recorded_metrics: dict[str, list[float]] = defaultdict(list)
+        tokenizer = getattr(processing_class, "tokenizer", processing_class)
+        self.eos_token_id = tokenizer.eos_token_id
+        self.reward_mix = None
+        if objective_class.uses_rewards:
+            self.reward_mix = self._build_reward_mix(reward_funcs, train_dataset)
+        self.objective = objective_class(self)
+
+    # ------------------------------------------------------------------ rewards
+    def _build_reward_mix(self, reward_funcs: RewardLike | Sequence[RewardLike] | None, train_dataset) -> RewardMix:
+        if reward_funcs is None:
+            reward_funcs = self.args.reward_funcs
+        elif isinstance(reward_funcs, str) or callable(reward_funcs):
+            reward_funcs = [reward_funcs]
+        built = []
+        for func in reward_funcs:
+            if not isinstance(func, str):
+                built.append(func)
+                continue
+            kwargs = {}
+            if func in _REWARDS_WITH_DOCUMENT_FREQUENCIES:
+                kwargs["document_frequencies"] = self._document_frequency_source(train_dataset, func)
+            built.append(get_reward(func, **kwargs))
+        return RewardMix(built, weights=self.args.reward_weights)
+
+    def _document_frequency_source(self, train_dataset, reward_name: str):
+        if self.args.document_frequencies is not None:
+            return self.args.document_frequencies
+        if train_dataset is None or "captions" not in getattr(train_dataset, "column_names", []):
+            raise ValueError(
+                f"The {reward_name!r} reward needs CIDEr-D document frequencies: pass a training dataset with a "
+                "`captions` column or set `document_frequencies` to a saved file."
+            )
+        return train_dataset["captions"]
+
+    def compute_rewards(
+        self,
+        completions: list[str],
+        references: list[list[str]],
+        inputs: Mapping[str, Any],
+        row_index: Sequence[int],
+        log_prefix: str = "reward",
+    ) -> np.ndarray:
+        """
+        Scores captions with the weighted reward mix and records each reward's mean and std.
+
+        Args:
+            completions: decoded captions, `N` of them.
+            references: each caption's references.
+            inputs: the collated batch; its per-image columns (`image_id`, extra dataset columns, image tensors)
+                reach the reward functions as keyword arguments, selected by `row_index`.
+            row_index: for each caption, the row of its image in the batch.
+
+        Returns:
+            `np.ndarray` of shape `(N,)`, the weighted total.
+        """
+        if self.reward_mix is None:
+            raise RuntimeError(f"Objective {self.args.objective!r} declared no rewards but asked for them.")
+        columns = self._reward_columns(inputs, row_index)
+        totals, components = self.reward_mix.score(completions=completions, references=references, **columns)
+        for name, values in components.items():
+            self.record_metric(f"{log_prefix}/{name}/mean", float(np.mean(values)))
+            self.record_metric(f"{log_prefix}/{name}/std", float(np.std(values)))
+        self.record_metric(log_prefix, float(np.mean(totals)))
+        return np.asarray(totals, dtype=np.float64)
+
+    @staticmethod
+    def _reward_columns(inputs: Mapping[str, Any], row_index: Sequence[int]) -> dict[str, Any]:
+        batch_size = len(inputs["references"])
+        index_tensor = None
+        columns: dict[str, Any] = {}
+        for name, value in inputs.items():
+            if name == "references" or name.startswith("caption_"):
+                continue
+            if isinstance(value, list) and len(value) == batch_size:
+                columns[name] = [value[i] for i in row_index]
+            elif isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == batch_size:
+                if index_tensor is None:
+                    index_tensor = torch.as_tensor(list(row_index), device=value.device)
+                columns[name] = value.index_select(0, index_tensor)
+        return columns
+
+    # ------------------------------------------------------------------ decoding
+    def _generation_model(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def sample_captions(self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int) -> GeneratedCaptions:
+        """`num_return_sequences` captions per image by pure sampling at `args.temperature` (no top-k/top-p)."""
+        return generate_captions(
+            self._generation_model(),
+            self.processing_class,
+            image_inputs,
+            do_sample=True,
+            num_beams=1,
+            top_k=0,
+            top_p=1.0,
+            temperature=self.args.temperature,
+            num_return_sequences=num_return_sequences,
+            max_new_tokens=self.args.max_caption_length,
+        )
+
+    def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
+        """The greedy caption of every image (the self-critical baseline)."""
+        return generate_captions(
+            self._generation_model(),
+            self.processing_class,
+            image_inputs,
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=self.args.max_caption_length,
+        )
+
+    # ------------------------------------------------------------------ loss and logging
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = self.objective.compute_loss(model, inputs)
+        if not torch.isfinite(loss):
+            raise RuntimeError(
+                f"The {self.args.objective!r} loss is {loss.item()} at step {self.state.global_step}. Checkpoints "
+                "already written are intact: lower the learning rate or check the rewards, then resume with "
+                "`trainer.train(resume_from_checkpoint=True)`."
+            )
+        self.record_metric("loss_" + self.args.objective, float(loss.detach()))
+        return (loss, None) if return_outputs else loss
+
+    def record_metric(self, name: str, value: float) -> None:
+        """Adds a scalar to be averaged into the next training log."""
+        self._recorded_metrics[name].append(value)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # Training logs carry the averages of what objectives recorded since the previous log.
+        if "loss" in logs and self._recorded_metrics:
+            logs = {**logs, **{name: float(np.mean(values)) for name, values in self._recorded_metrics.items()}}
+            self._recorded_metrics.clear()
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """
+        Captions the evaluation split with beam search (`args.eval_num_beams`) and scores them with
+        `args.eval_metrics`; logs and returns `{f"{metric_key_prefix}_{metric}": value}`.
+        """
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(dataset, dict):
+            metrics = {}
+            for name, split in dataset.items():
+                metrics.update(self.evaluate(split, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        if dataset is None:
+            raise ValueError("evaluate() needs an eval_dataset (given to the trainer or to this call).")
+        predictions, references = self.caption_dataset(dataset)
+        scores = evaluate_captions(predictions, references, metrics=self.args.eval_metrics)
+        metrics = {f"{metric_key_prefix}_{name}": float(value) for name, value in scores.items()}
+        metrics[f"{metric_key_prefix}_num_images"] = float(len(predictions))
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def caption_dataset(self, dataset) -> tuple[dict[Any, str], dict[Any, list[str]]]:
+        """
+        Beam-search captions for every image of `dataset` (sharded over processes, then gathered).
+
+        Returns:
+            `(predictions, references)` keyed by `image_id`, as [`rlcaption.metrics.evaluate_captions`] takes them.
+        """
+        model = self._generation_model()
+        predictions: list[tuple[Any, str, list[str]]] = []
+        for batch in self.get_eval_dataloader(dataset):
+            batch = self._prepare_inputs(batch)
+            generated = generate_captions(
+                model,
+                self.processing_class,
+                image_inputs_of(batch),
+                do_sample=False,
+                num_beams=self.args.eval_num_beams,
+                max_new_tokens=self.args.max_caption_length,
+            )
+            predictions.extend(zip(batch["image_id"], generated.texts, batch["references"], strict=True))
+        gathered = gather_object(predictions) if self.accelerator.num_processes > 1 else predictions
+        # Uneven splits are padded with repeated rows across processes: keep one caption per image id.
+        captions = {image_id: text for image_id, text, _ in gathered}
+        references = {image_id: refs for image_id, _, refs in gathered}
+        return captions, references
+
+    # ------------------------------------------------------------------ checkpoints
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        # `True` resumes from the newest checkpoint written to the end, never from a half-written one.
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"No complete checkpoint found in {self.args.output_dir!r} to resume from; train without "
+                    "`resume_from_checkpoint` or point it at a checkpoint folder."
+                )
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

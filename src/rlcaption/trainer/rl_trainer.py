@@ -18,7 +18,8 @@ from transformers.utils import logging
 
 from .. import objectives as _objectives  # noqa: F401  (registers the built-in objectives)
 from ..data.collator import CaptionCollator
-from ..decoding import GeneratedCaptions, generate_captions, image_inputs_of
+from ..decoding import GeneratedCaptions, generate_captions
+from ..evaluation import caption_batches
 from ..metrics import evaluate_captions
 from ..objectives.base import get_objective_class
 from ..rewards import RewardMix, get_reward
@@ -271,19 +272,15 @@ class RLCaptionTrainer(Trainer):
         Returns:
             `(predictions, references)` keyed by `image_id`, as [`rlcaption.metrics.evaluate_captions`] takes them.
         """
-        model = self._generation_model()
-        predictions: list[tuple[Any, str, list[str]]] = []
-        for batch in self.get_eval_dataloader(dataset):
-            batch = self._prepare_inputs(batch)
-            generated = generate_captions(
-                model,
-                self.processing_class,
-                image_inputs_of(batch),
-                do_sample=False,
-                num_beams=self.args.eval_num_beams,
-                max_new_tokens=self.args.max_caption_length,
-            )
-            predictions.extend(zip(batch["image_id"], generated.texts, batch["references"], strict=True))
+        batches = (self._prepare_inputs(batch) for batch in self.get_eval_dataloader(dataset))
+        predictions = caption_batches(
+            self._generation_model(),
+            self.processing_class,
+            batches,
+            do_sample=False,
+            num_beams=self.args.eval_num_beams,
+            max_new_tokens=self.args.max_caption_length,
+        )
         gathered = gather_object(predictions) if self.accelerator.num_processes > 1 else predictions
         # Uneven splits are padded with repeated rows across processes: keep one caption per image id.
         captions = {image_id: text for image_id, text, _ in gathered}

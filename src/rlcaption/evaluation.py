@@ -1,0 +1,69 @@
+"""Evaluate a captioning model on a dataset split: caption every image, then score with the caption metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .data.collator import CaptionCollator
+from .decoding import generate_captions, image_inputs_of
+from .metrics import evaluate_captions
+
+__all__ = ["caption_batches", "caption_dataset", "evaluate_model"]
+
+
+def caption_batches(
+    model: nn.Module, processor: Any, batches: Iterable[Mapping[str, Any]], **generation_kwargs: Any
+) -> list[tuple[Any, str, list[str]]]:
+    """
+    Captions collated batches (see [`CaptionCollator`]) with `model.generate(**generation_kwargs)`.
+
+    Returns:
+        `(image_id, caption, references)` for every image, in order.
+    """
+    device = next(model.parameters()).device
+    captioned = []
+    for batch in batches:
+        image_inputs = {name: tensor.to(device) for name, tensor in image_inputs_of(batch).items()}
+        generated = generate_captions(model, processor, image_inputs, **generation_kwargs)
+        captioned.extend(zip(batch["image_id"], generated.texts, batch["references"], strict=True))
+    return captioned
+
+
+def caption_dataset(
+    model: nn.Module, processor: Any, dataset, batch_size: int = 64, **generation_kwargs: Any
+) -> tuple[dict[Any, str], dict[Any, list[str]]]:
+    """
+    Captions every image of `dataset` (columns `image`/`pixel_values`/`image_features`, `captions`, `image_id`).
+
+    Returns:
+        `(predictions, references)` keyed by `image_id`, ready for [`rlcaption.metrics.evaluate_captions`].
+    """
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=CaptionCollator(processor), shuffle=False)
+    captioned = caption_batches(model, processor, loader, **generation_kwargs)
+    return {key: text for key, text, _ in captioned}, {key: refs for key, _, refs in captioned}
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module,
+    processor: Any,
+    dataset,
+    metrics: Sequence[str] | None = ("CIDEr", "Bleu_4"),
+    batch_size: int = 64,
+    **generation_kwargs: Any,
+) -> dict[str, float]:
+    """
+    Corpus caption metrics of `model` on `dataset`, keyed like the COCO toolkit (`CIDEr`, `Bleu_4`, ...).
+
+    Args:
+        metrics: metric names for [`rlcaption.metrics.evaluate_captions`]; `None` for all of them (Java ones
+            included).
+        generation_kwargs: decoding settings, e.g. `num_beams=3, max_new_tokens=20`.
+    """
+    predictions, references = caption_dataset(model, processor, dataset, batch_size=batch_size, **generation_kwargs)
+    return evaluate_captions(predictions, references, metrics=metrics)

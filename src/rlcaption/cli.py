@@ -1,0 +1,130 @@
+"""The `rlcaption` console command: `caption`, `evaluate`, `demo`, `extract-features`, `download-spice`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _configure_caption_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("images", nargs="+", help="Image files to caption.")
+    parser.add_argument("--model", required=True, help="Model folder or Hub id (e.g. a published rlcaption model).")
+    parser.add_argument("--num-beams", type=int, default=3, help="Beam size (1 = greedy).")
+    parser.add_argument("--max-new-tokens", type=int, default=20, help="Maximum caption length in tokens.")
+    parser.add_argument("--num-captions", type=int, default=1, help="Captions per image (at most --num-beams).")
+    parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model.")
+
+
+def _run_caption(args: argparse.Namespace) -> None:
+    from .inference import caption_image_files, load_captioner
+
+    if args.num_captions > args.num_beams:
+        raise SystemExit(f"--num-captions ({args.num_captions}) cannot exceed --num-beams ({args.num_beams}).")
+    model, processor = load_captioner(args.model, revision=args.revision)
+    captions = caption_image_files(
+        model,
+        processor,
+        args.images,
+        num_beams=args.num_beams,
+        num_return_sequences=args.num_captions,
+        max_new_tokens=args.max_new_tokens,
+    )
+    for index, path in enumerate(args.images):
+        for caption in captions[index * args.num_captions : (index + 1) * args.num_captions]:
+            print(f"{path}\t{caption}")
+
+
+def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="Model folder or Hub id.")
+    parser.add_argument("--dataset", default="shapes", help="`shapes` or a folder written by `save_to_disk`.")
+    parser.add_argument("--split", default="test", help="Dataset split to caption.")
+    parser.add_argument("--num-beams", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--metrics",
+        nargs="*",
+        default=None,
+        help="Metric names (COCO toolkit keys, e.g. CIDEr Bleu_4 ROUGE_L METEOR SPICE); all when omitted.",
+    )
+
+
+def _run_evaluate(args: argparse.Namespace) -> None:
+    from .data import load_caption_dataset
+    from .evaluation import evaluate_model
+    from .inference import load_captioner
+
+    model, processor = load_captioner(args.model)
+    dataset = load_caption_dataset(args.dataset)
+    if args.split not in dataset:
+        raise SystemExit(f"Split {args.split!r} not in the dataset; it has {sorted(dataset)}.")
+    scores = evaluate_model(
+        model,
+        processor,
+        dataset[args.split],
+        metrics=args.metrics,
+        batch_size=args.batch_size,
+        num_beams=args.num_beams,
+        max_new_tokens=args.max_new_tokens,
+    )
+    print(json.dumps(scores, indent=2))
+
+
+def _configure_demo_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output-dir", default="runs/demo", help="Where the XE and SCST models are written.")
+    parser.add_argument("--quick", action="store_true", help="A much smaller run (a smoke test of the recipe).")
+
+
+def _run_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    run_demo(output_dir=args.output_dir, quick=args.quick)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from .data.features import configure_extract_features_parser, run_extract_features
+    from .metrics.spice import configure_download_spice_parser, run_download_spice
+
+    parser = argparse.ArgumentParser(prog="rlcaption", description="Reinforcement learning for image captioning.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    commands = [
+        ("caption", "Caption image files with a trained model.", _configure_caption_parser, _run_caption),
+        ("evaluate", "Score a model on a dataset split.", _configure_evaluate_parser, _run_evaluate),
+        ("demo", "Train XE then SCST on the shapes dataset and compare.", _configure_demo_parser, _run_demo),
+        (
+            "extract-features",
+            "Add precomputed image features to a dataset.",
+            configure_extract_features_parser,
+            run_extract_features,
+        ),
+        (
+            "download-spice",
+            "Fetch the Stanford CoreNLP jars SPICE needs (needs internet).",
+            configure_download_spice_parser,
+            run_download_spice,
+        ),
+    ]
+    for name, help_text, configure, run in commands:
+        subparser = subparsers.add_parser(name, help=help_text, description=help_text)
+        configure(subparser)
+        subparser.set_defaults(run=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        # Library errors already say what went wrong and how to fix it; a traceback adds nothing for a CLI user.
+        print(f"rlcaption {args.command}: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

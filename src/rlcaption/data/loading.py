@@ -1,0 +1,52 @@
+"""Resolve a dataset argument of the recipes (`shapes`, a saved folder, or a Hub dataset id) to a DatasetDict."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import datasets
+
+from .shapes import load_shapes
+
+__all__ = ["load_caption_dataset"]
+
+_REQUIRED_COLUMNS = ("captions",)
+_IMAGE_COLUMNS = ("image", "pixel_values", "image_features")
+
+
+def load_caption_dataset(name_or_path: str, **shapes_kwargs: Any) -> datasets.DatasetDict:
+    """
+    Loads a captioning dataset for training or evaluation.
+
+    Args:
+        name_or_path: `"shapes"` (the embedded synthetic dataset; `shapes_kwargs` such as `num_train` are passed to
+            [`load_shapes`]), a folder written by `DatasetDict.save_to_disk`, or a Hub dataset id.
+
+    Returns:
+        `datasets.DatasetDict` whose splits have a `captions` column and an image column (`image`, `pixel_values`
+        or `image_features`).
+    """
+    if name_or_path == "shapes":
+        return load_shapes(**shapes_kwargs)
+    if shapes_kwargs:
+        raise ValueError(f"Options {sorted(shapes_kwargs)} apply to the shapes dataset only, not {name_or_path!r}.")
+    if os.path.isdir(name_or_path):
+        dataset = datasets.load_from_disk(name_or_path)
+    elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/", "~")):
+        raise FileNotFoundError(
+            f"Dataset {name_or_path!r} is not a folder written by `save_to_disk`; pass such a folder, `shapes`, "
+            "or a Hub dataset id."
+        )
+    else:
+        dataset = datasets.load_dataset(name_or_path)
+    if not isinstance(dataset, datasets.DatasetDict):
+        raise ValueError(f"Dataset {name_or_path!r} has no splits; save a DatasetDict (train/validation/test).")
+    for split_name, split in dataset.items():
+        missing = [column for column in _REQUIRED_COLUMNS if column not in split.column_names]
+        if missing or not any(column in split.column_names for column in _IMAGE_COLUMNS):
+            raise ValueError(
+                f"Split {split_name!r} of {name_or_path!r} has columns {split.column_names}; a captioning dataset "
+                f"needs `captions` and one of {_IMAGE_COLUMNS} (see rlcaption.data.load_karpathy / load_coco)."
+            )
+    return dataset

@@ -1,0 +1,577 @@
+"""CIDEr-D (Vedantam et al., CVPR 2015) exactly as the COCO caption evaluation code computes it, vectorized.
+
+The numbers equal `pycocoevalcap` 1.2's `Cider` on the same tokens: n-grams of order 1..4 weighted by TF-IDF with
+`idf = log(num_documents) - log(max(1, df))`, per-order cosine similarity in which the candidate's weights are clipped
+by the reference's (`min(w_cand, w_ref) * w_ref`), a Gaussian penalty `exp(-delta^2 / (2 sigma^2))` on the length
+difference to each reference (sigma = 6; "length" counts bigrams, as the COCO code does), the mean over orders and
+references, times 10.
+
+Document frequencies come either from the evaluated references (`document_frequencies=None`, the official evaluation)
+or from a training corpus computed once (`DocumentFrequencies`, the usual choice for rewards, as self-critical
+training does: the IDF's `log(num_documents)` then counts the images of that corpus).
+
+`CiderD` is the fast scorer shared by `compute_cider_d` and the `cider` reward: reference n-gram vectors are built once
+per image key and cached; a batch of candidates is scored with a handful of NumPy operations over all candidates and
+references together (n-grams mapped to integer ids, sparse vectors as sorted id arrays, matches found with one
+`searchsorted`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import tempfile
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+__all__ = ["DocumentFrequencies", "CiderD", "compute_cider_d", "ngram_counts"]
+
+K = TypeVar("K", bound=Hashable)
+
+_FILE_FORMAT = "rlcaption.cider.document_frequencies"
+_FILE_VERSION = 1
+# Candidate and reference n-gram ids are combined with the batch row into one int64 key `row * stride + id`, so that a
+# single sorted array holds the reference vectors of the whole batch. 2**32 ids and 2**31 rows fit in an int64.
+_KEY_STRIDE = 2**32
+
+
+def ngram_counts(words: Sequence[str], max_n: int = 4) -> Counter[tuple[str, ...]]:
+    """Counts of all n-grams of orders 1..`max_n` of a token sequence (the COCO code's `precook`).
+
+    Args:
+        words (`Sequence[str]`): the tokens of one caption.
+        max_n (`int`, defaults to 4): the highest n-gram order.
+
+    Returns:
+        `Counter[tuple[str, ...]]`: term frequency of every n-gram, keyed by the tuple of its tokens.
+    """
+    ngrams = list(zip(words, strict=True))
+    for order in range(2, max_n + 1):
+        ngrams += zip(*(words[start:] for start in range(order)), strict=False)
+    return Counter(ngrams)
+
+
+def _as_reference_list(references: Sequence[str]) -> Sequence[str]:
+    if isinstance(references, str):
+        raise ValueError(
+            f"Got the string {references!r} where a list of reference captions for one image was expected; pass one "
+            "list of captions per image."
+        )
+    return references
+
+
+def _check_reference_list(key: Hashable, references: Sequence[str]) -> None:
+    if isinstance(references, str) or len(references) == 0:
+        kind = "a single string as" if isinstance(references, str) else "no"
+        raise ValueError(
+            f"Image {key!r} has {kind} references; CIDEr-D needs a non-empty list of reference captions per image. "
+            "Drop the image or add its references."
+        )
+
+
+class DocumentFrequencies:
+    """Number of images (documents) whose references contain each n-gram, for CIDEr-D's IDF weights.
+
+    An image counts once per n-gram however many of its references contain it, as in the COCO code.
+
+    Args:
+        counts (`Mapping[tuple[str, ...], int]`): document frequency of every n-gram (tuple of tokens).
+        num_documents (`int`): number of images in the corpus the counts come from; `log(num_documents)` is the
+            IDF's first term.
+        max_n (`int`, defaults to 4): the highest n-gram order counted.
+    """
+
+    def __init__(self, counts: Mapping[tuple[str, ...], int], num_documents: int, max_n: int = 4):
+        if num_documents < 1:
+            raise ValueError(
+                f"num_documents={num_documents}: document frequencies need a corpus of at least one image."
+            )
+        if max_n < 1:
+            raise ValueError(f"max_n={max_n}: the highest n-gram order must be at least 1.")
+        self.num_documents = int(num_documents)
+        self.max_n = int(max_n)
+        self.index: dict[tuple[str, ...], int] = {ngram: position for position, ngram in enumerate(counts)}
+        self.counts = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
+        if len(self.counts) and int(self.counts.max()) > self.num_documents:
+            raise ValueError(
+                f"A document frequency of {int(self.counts.max())} exceeds num_documents={self.num_documents}; "
+                "an n-gram cannot occur in more images than the corpus has. Rebuild the counts with "
+                "`DocumentFrequencies.from_references`."
+            )
+
+    @classmethod
+    def from_references(cls, references: Iterable[Sequence[str]], max_n: int = 4) -> DocumentFrequencies:
+        """Counts document frequencies over a corpus of tokenized reference lists (one list per image).
+
+        Args:
+            references (`Iterable[Sequence[str]]`): for every image, its reference captions as space-joined tokens
+                (e.g. the output of `normalize_caption`).
+            max_n (`int`, defaults to 4): the highest n-gram order.
+
+        Returns:
+            `DocumentFrequencies`
+        """
+        counted = (
+            [ngram_counts(reference.split(), max_n) for reference in _as_reference_list(image_references)]
+            for image_references in references
+        )
+        return cls.from_ngram_counts(counted, max_n)
+
+    @classmethod
+    def from_ngram_counts(
+        cls, reference_ngram_counts: Iterable[Sequence[Mapping[tuple[str, ...], int]]], max_n: int = 4
+    ) -> DocumentFrequencies:
+        """Like `from_references`, from the n-gram counts of every reference (a list of `ngram_counts` per image)."""
+        counts: Counter[tuple[str, ...]] = Counter()
+        num_documents = 0
+        for image_counts in reference_ngram_counts:
+            counts.update(set(chain.from_iterable(image_counts)))
+            num_documents += 1
+        if num_documents == 0:
+            raise ValueError("Cannot compute document frequencies from an empty corpus: pass at least one image.")
+        return cls(counts, num_documents, max_n)
+
+    @property
+    def log_num_documents(self) -> float:
+        """`log(num_documents)`, the COCO code's `ref_len`."""
+        return math.log(float(self.num_documents))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, ngram: tuple[str, ...]) -> int:
+        position = self.index.get(ngram)
+        return 0 if position is None else int(self.counts[position])
+
+    def idf(self) -> np.ndarray:
+        """IDF weight of every n-gram in `index` order, `log(num_documents) - log(max(1, df))`: `(len(self),)`."""
+        return self.log_num_documents - np.log(np.maximum(self.counts, 1).astype(np.float64))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the counts as JSON (gzip-compressed when `path` ends in `.gz`), atomically.
+
+        Args:
+            path (`str` or `os.PathLike`): destination file; its directory must exist.
+        """
+        path = Path(path)
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"Cannot save document frequencies to {path}: directory {path.parent} is missing.")
+        payload = {
+            "format": _FILE_FORMAT,
+            "version": _FILE_VERSION,
+            "max_n": self.max_n,
+            "num_documents": self.num_documents,
+            # tokens never contain whitespace (they come from str.split), so joining with a space is lossless
+            "ngrams": [" ".join(ngram) for ngram in self.index],
+            "counts": self.counts.tolist(),
+        }
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        if path.suffix == ".gz":
+            data = gzip.compress(data)
+        # write next to the target and rename, so a crash never leaves a truncated file under the final name
+        handle, temporary_path = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+            os.replace(temporary_path, path)
+        except BaseException:
+            Path(temporary_path).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> DocumentFrequencies:
+        """Reads counts written by `save`.
+
+        Args:
+            path (`str` or `os.PathLike`): a file written by `DocumentFrequencies.save`.
+
+        Returns:
+            `DocumentFrequencies`
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"No document-frequency file at {path}; create one with `DocumentFrequencies.from_references(...)"
+                ".save(path)`."
+            )
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        try:
+            payload = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"{path} is not a document-frequency file written by DocumentFrequencies.save."
+            ) from error
+        if not isinstance(payload, dict) or payload.get("format") != _FILE_FORMAT:
+            raise ValueError(f"{path} is not a document-frequency file written by DocumentFrequencies.save.")
+        if payload.get("version") != _FILE_VERSION:
+            raise ValueError(
+                f"{path} has document-frequency file version {payload.get('version')!r}; this rlcaption reads "
+                f"version {_FILE_VERSION}. Recompute it with `DocumentFrequencies.from_references`."
+            )
+        if len(payload["ngrams"]) != len(payload["counts"]):
+            raise ValueError(
+                f"{path} is corrupt: {len(payload['ngrams'])} n-grams but {len(payload['counts'])} counts."
+            )
+        counts = {
+            tuple(ngram.split(" ")): count for ngram, count in zip(payload["ngrams"], payload["counts"], strict=True)
+        }
+        return cls(counts, payload["num_documents"], payload["max_n"])
+
+
+@dataclass
+class _ReferenceVectors:
+    """TF-IDF vectors of the references of one image, in the layout the batched scorer consumes.
+
+    Attributes:
+        raw_references (`tuple[str, ...]`): the references as given, to detect a key reused for other references.
+        ngram_ids (`np.ndarray` of shape `(num_ngrams,)`): sorted ids of the union of the references' n-grams.
+        weights (`np.ndarray` of shape `(num_ngrams, num_references)`): TF-IDF weight of each n-gram in each
+            reference (0 where absent).
+        norms (`np.ndarray` of shape `(num_references, max_n)`): L2 norm of each reference's vector per order.
+        lengths (`np.ndarray` of shape `(num_references,)`): each reference's length as the COCO code measures it
+            (its number of bigrams).
+    """
+
+    raw_references: tuple[str, ...]
+    ngram_ids: np.ndarray
+    weights: np.ndarray
+    norms: np.ndarray
+    lengths: np.ndarray
+
+
+class CiderD:
+    """Vectorized CIDEr-D scorer with fixed document frequencies and a per-image cache of reference vectors.
+
+    Args:
+        document_frequencies (`DocumentFrequencies`): the IDF statistics (a training corpus for rewards, the evaluated
+            references for the official corpus score).
+        sigma (`float`, defaults to 6.0): standard deviation of the Gaussian length penalty.
+        text_normalizer (`Callable[[str], str]`, *optional*): applied to every candidate and reference before
+            splitting on whitespace (e.g. `normalize_caption` for raw captions); `None` means the inputs are already
+            space-joined tokens.
+        max_cached_images (`int`, *optional*): keep at most this many images' reference vectors (least recently used
+            evicted first); `None` keeps all of them.
+    """
+
+    def __init__(
+        self,
+        document_frequencies: DocumentFrequencies,
+        sigma: float = 6.0,
+        text_normalizer: Callable[[str], str] | None = None,
+        max_cached_images: int | None = None,
+    ):
+        if sigma <= 0:
+            raise ValueError(f"sigma={sigma}: the length penalty's standard deviation must be positive.")
+        if max_cached_images is not None and max_cached_images < 1:
+            raise ValueError(f"max_cached_images={max_cached_images}: pass a positive number, or None for no limit.")
+        self.document_frequencies = document_frequencies
+        self.sigma = float(sigma)
+        self.text_normalizer = text_normalizer
+        self.max_cached_images = max_cached_images
+        self.max_n = document_frequencies.max_n
+        self._log_num_documents = document_frequencies.log_num_documents
+        self._corpus_ngram_index = document_frequencies.index
+        self._corpus_idf = document_frequencies.idf()
+        # reference n-grams absent from the corpus get ids after the corpus's; their df is 0, so their IDF is
+        # log(num_documents), like any unseen n-gram
+        self._extra_ngram_index: dict[tuple[str, ...], int] = {}
+        self._cache: OrderedDict[Hashable, _ReferenceVectors] = OrderedDict()
+
+    def clear_cache(self) -> None:
+        """Forgets every cached reference vector."""
+        self._cache.clear()
+
+    @property
+    def num_cached_images(self) -> int:
+        return len(self._cache)
+
+    def _count_ngrams(self, text: str) -> tuple[Counter[tuple[str, ...]], int]:
+        """N-gram counts of one caption and its length as the COCO code measures it (its number of bigrams)."""
+        if not isinstance(text, str):
+            raise ValueError(f"Expected a caption string, got {type(text).__name__} {text!r}.")
+        words = (self.text_normalizer(text) if self.text_normalizer is not None else text).split()
+        return ngram_counts(words, self.max_n), max(len(words) - 1, 0)
+
+    def _ngram_ids(self, ngrams: Iterable[tuple[str, ...]], assign: bool) -> list[int]:
+        """Integer id of each n-gram; unseen ones get a new id when `assign`, else -1."""
+        corpus_get = self._corpus_ngram_index.get
+        ids = [corpus_get(ngram, -1) for ngram in ngrams]
+        if -1 in ids:
+            extra_index = self._extra_ngram_index
+            for position, ngram in enumerate(ngrams):
+                if ids[position] != -1:
+                    continue
+                ngram_id = extra_index.get(ngram)
+                if ngram_id is None and assign:
+                    ngram_id = len(self._corpus_ngram_index) + len(extra_index)
+                    extra_index[ngram] = ngram_id
+                ids[position] = -1 if ngram_id is None else ngram_id
+        return ids
+
+    def _idf_of(self, ngram_ids: np.ndarray) -> np.ndarray:
+        """IDF of each id; ids outside the corpus (extra reference n-grams, or -1 for unseen) have df 0."""
+        in_corpus = (ngram_ids >= 0) & (ngram_ids < len(self._corpus_idf))
+        idf = np.full(ngram_ids.shape, self._log_num_documents)
+        idf[in_corpus] = self._corpus_idf[ngram_ids[in_corpus]]
+        return idf
+
+    def _build_reference_vectors(
+        self,
+        keys: Sequence[Hashable],
+        reference_lists: Sequence[Sequence[str]],
+        counted: Sequence[Sequence[tuple[Counter[tuple[str, ...]], int]]] | None = None,
+    ) -> list[_ReferenceVectors]:
+        """Vectors of several images' references at once (one Python pass for the n-grams, the rest in NumPy).
+
+        `counted` optionally gives `_count_ngrams` of every reference, when the caller already has them.
+        """
+        max_n = self.max_n
+        # 1. every reference n-gram as flat arrays: global reference index, order, id, term frequency
+        reference_of_entry, orders, ids, term_frequencies, lengths = [], [], [], [], []
+        first_reference = [0]
+        for image, (key, references) in enumerate(zip(keys, reference_lists, strict=True)):
+            _check_reference_list(key, references)
+            image_counted = counted[image] if counted is not None else map(self._count_ngrams, references)
+            for counts, length in image_counted:
+                ngrams = list(counts)
+                reference_of_entry.extend([len(lengths)] * len(ngrams))
+                orders.extend([len(ngram) - 1 for ngram in ngrams])
+                ids.extend(self._ngram_ids(ngrams, assign=True))
+                term_frequencies.extend(counts.values())
+                lengths.append(length)
+            first_reference.append(len(lengths))
+        reference_of_entry = np.asarray(reference_of_entry, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
+        weights = np.asarray(term_frequencies, dtype=np.float64) * self._idf_of(ids)
+        norms = np.bincount(
+            reference_of_entry * max_n + np.asarray(orders, dtype=np.int64),
+            weights**2,
+            minlength=len(lengths) * max_n,
+        )
+        norms = np.sqrt(norms).reshape(len(lengths), max_n)
+
+        # 2. union of n-grams per image: unique (image, id) keys, sorted by image then id
+        first_reference = np.asarray(first_reference)
+        reference_counts = np.diff(first_reference)
+        image_of_reference = np.repeat(np.arange(len(keys), dtype=np.int64), reference_counts)
+        image_of_entry = image_of_reference[reference_of_entry]
+        union_keys, inverse = np.unique(image_of_entry * _KEY_STRIDE + ids, return_inverse=True)
+        union_images = union_keys // _KEY_STRIDE
+        union_bounds = np.searchsorted(union_images, np.arange(len(keys) + 1))
+        weight_matrix = np.zeros((len(union_keys), int(reference_counts.max())))
+        weight_matrix[inverse, reference_of_entry - first_reference[image_of_entry]] = weights
+
+        lengths = np.asarray(lengths, dtype=np.float64)
+        return [
+            _ReferenceVectors(
+                raw_references=tuple(references),
+                ngram_ids=union_keys[union_bounds[image] : union_bounds[image + 1]] - image * _KEY_STRIDE,
+                weights=weight_matrix[union_bounds[image] : union_bounds[image + 1], : reference_counts[image]].copy(),
+                norms=norms[first_reference[image] : first_reference[image + 1]],
+                lengths=lengths[first_reference[image] : first_reference[image + 1]],
+            )
+            for image, references in enumerate(reference_lists)
+        ]
+
+    def _cached_vectors(
+        self, keys: Sequence[Hashable], reference_lists: Sequence[Sequence[str]]
+    ) -> list[_ReferenceVectors]:
+        """The vectors of each row's references: from the cache, or built (all misses together) and cached.
+
+        A key seen before with different references is rebuilt and re-cached, so a reused key never gives a stale
+        score.
+        """
+        row_vectors: list[_ReferenceVectors | None] = []
+        missing: dict[Hashable, Sequence[str]] = {}
+        for key, references in zip(keys, reference_lists, strict=True):
+            if key in missing:
+                if tuple(missing[key]) != tuple(references):
+                    raise ValueError(
+                        f"Image key {key!r} appears twice in one batch with different references; give every image "
+                        "a unique key (e.g. its image_id)."
+                    )
+                row_vectors.append(None)
+                continue
+            cached = self._cache.get(key)
+            if cached is not None and cached.raw_references == tuple(references):
+                self._cache.move_to_end(key)
+                row_vectors.append(cached)
+            else:
+                missing[key] = references
+                row_vectors.append(None)
+        if missing:
+            built = dict(
+                zip(missing, self._build_reference_vectors(list(missing), list(missing.values())), strict=True)
+            )
+            for key, vectors in built.items():
+                self._cache[key] = vectors
+                self._cache.move_to_end(key)
+            row_vectors = [
+                built[key] if vectors is None else vectors for key, vectors in zip(keys, row_vectors, strict=True)
+            ]
+            if self.max_cached_images is not None:
+                while len(self._cache) > self.max_cached_images:
+                    self._cache.popitem(last=False)
+        return row_vectors
+
+    def score(
+        self,
+        candidates: Sequence[str],
+        references: Sequence[Sequence[str]],
+        keys: Sequence[Hashable] | None = None,
+    ) -> np.ndarray:
+        """CIDEr-D of each candidate against its own references.
+
+        Args:
+            candidates (`Sequence[str]` of length `batch_size`): one caption per row.
+            references (`Sequence[Sequence[str]]` of length `batch_size`): the references of each row's image.
+            keys (`Sequence[Hashable]` of length `batch_size`, *optional*): image keys under which the reference
+                vectors are cached (e.g. `image_id`); by default the tuple of references is the key.
+
+        Returns:
+            `np.ndarray` of shape `(batch_size,)`: the per-candidate scores (0 for an empty candidate).
+        """
+        batch_size = len(candidates)
+        if len(references) != batch_size:
+            raise ValueError(
+                f"Got {batch_size} candidates but {len(references)} reference lists; pass one list per candidate."
+            )
+        if keys is not None and len(keys) != batch_size:
+            raise ValueError(f"Got {batch_size} candidates but {len(keys)} keys; pass one key per candidate.")
+        if batch_size == 0:
+            return np.zeros(0)
+
+        # 1. reference vectors of every row, from the cache
+        if keys is None:
+            keys = [tuple(image_references) for image_references in references]
+        return self._score_rows(candidates, self._cached_vectors(keys, references))
+
+    def _score_rows(self, candidates: Sequence[str], row_vectors: Sequence[_ReferenceVectors]) -> np.ndarray:
+        """Scores of each candidate against the reference vectors of its row: `(batch_size,)`."""
+        batch_size = len(candidates)
+        max_n = self.max_n
+
+        # 2. candidate n-grams as flat arrays: row, order, id (-1 when no reference or corpus has it), term frequency
+        candidate_rows, candidate_orders, candidate_ids, candidate_counts = [], [], [], []
+        candidate_lengths = np.empty(batch_size)
+        for row, candidate in enumerate(candidates):
+            counts, candidate_lengths[row] = self._count_ngrams(candidate)
+            ngrams = list(counts)
+            candidate_rows.extend([row] * len(ngrams))
+            candidate_orders.extend([len(ngram) - 1 for ngram in ngrams])
+            candidate_ids.extend(self._ngram_ids(ngrams, assign=False))
+            candidate_counts.extend(counts.values())
+        rows = np.asarray(candidate_rows, dtype=np.int64)
+        orders = np.asarray(candidate_orders, dtype=np.int64)
+        ids = np.asarray(candidate_ids, dtype=np.int64)
+        candidate_weights = np.asarray(candidate_counts, dtype=np.float64) * self._idf_of(ids)
+        row_orders = rows * max_n + orders
+        candidate_norms = np.sqrt(np.bincount(row_orders, candidate_weights**2, minlength=batch_size * max_n))
+        candidate_norms = candidate_norms.reshape(batch_size, max_n)
+
+        # 3. batch reference layout: union n-grams of all rows in one sorted key array, weights padded to the
+        # largest reference count (padded references have zero weights and norms, so they add nothing)
+        union_sizes = np.array([len(vectors.ngram_ids) for vectors in row_vectors])
+        reference_counts = np.array([vectors.weights.shape[1] for vectors in row_vectors])
+        max_references = int(reference_counts.max())
+        reference_keys = np.concatenate([vectors.ngram_ids for vectors in row_vectors])
+        reference_keys += np.repeat(np.arange(batch_size, dtype=np.int64) * _KEY_STRIDE, union_sizes)
+        if (reference_counts == max_references).all():
+            reference_weights = np.concatenate([vectors.weights for vectors in row_vectors])
+        else:
+            reference_weights = np.zeros((len(reference_keys), max_references))
+            offsets = np.concatenate([[0], np.cumsum(union_sizes)])
+            for row, vectors in enumerate(row_vectors):
+                reference_weights[offsets[row] : offsets[row + 1], : reference_counts[row]] = vectors.weights
+        reference_norms = np.zeros((batch_size, max_references, max_n))
+        reference_lengths = np.zeros((batch_size, max_references))
+        for row, vectors in enumerate(row_vectors):
+            reference_norms[row, : reference_counts[row]] = vectors.norms
+            reference_lengths[row, : reference_counts[row]] = vectors.lengths
+
+        # 4. clipped dot products: for each candidate n-gram found among its row's references,
+        # min(w_cand, w_ref) * w_ref, summed per (row, order) for every reference
+        candidate_keys = rows * _KEY_STRIDE + ids
+        if len(reference_keys) == 0:  # every reference of the batch is empty
+            positions = np.zeros(len(candidate_keys), dtype=np.int64)
+            matched = np.zeros(len(candidate_keys), dtype=bool)
+        else:
+            positions = np.minimum(np.searchsorted(reference_keys, candidate_keys), len(reference_keys) - 1)
+            matched = (ids >= 0) & (reference_keys[positions] == candidate_keys)
+        matched_reference_weights = reference_weights[positions[matched]]  # (num_matched, max_references)
+        clipped = np.minimum(candidate_weights[matched, None], matched_reference_weights) * matched_reference_weights
+        matched_row_orders = row_orders[matched]
+        similarity = np.stack(
+            [
+                np.bincount(matched_row_orders, clipped[:, reference], minlength=batch_size * max_n)
+                for reference in range(max_references)
+            ],
+            axis=-1,
+        ).reshape(batch_size, max_n, max_references)
+
+        # 5. cosine: divide only where both norms are non-zero (the COCO code leaves the raw sum otherwise)
+        denominators = candidate_norms[:, :, None] * reference_norms.transpose(0, 2, 1)  # (batch, max_n, max_refs)
+        np.divide(similarity, denominators, out=similarity, where=denominators != 0)
+
+        # 6. Gaussian length penalty, mean over orders, mean over references, x10
+        delta = candidate_lengths[:, None] - reference_lengths  # (batch, max_references)
+        penalty = np.e ** (-(delta**2) / (2 * self.sigma**2))
+        per_order = (similarity * penalty[:, None, :]).sum(axis=2)  # (batch, max_n)
+        return per_order.mean(axis=1) / reference_counts * 10.0
+
+
+def compute_cider_d(
+    predictions: Mapping[K, str],
+    references: Mapping[K, Sequence[str]],
+    document_frequencies: DocumentFrequencies | None = None,
+    sigma: float = 6.0,
+) -> tuple[float, dict[K, float]]:
+    """Corpus CIDEr-D and per-image scores of tokenized captions, equal to `pycocoevalcap`'s `Cider`.
+
+    Args:
+        predictions (`Mapping[K, str]`): one candidate per image key, as space-joined tokens.
+        references (`Mapping[K, Sequence[str]]`): the reference captions of the same keys, as space-joined tokens.
+        document_frequencies (`DocumentFrequencies`, *optional*): IDF statistics; `None` computes them from
+            `references`, as the COCO evaluation code does.
+        sigma (`float`, defaults to 6.0): standard deviation of the Gaussian length penalty.
+
+    Returns:
+        `tuple[float, dict[K, float]]`: the corpus score (mean over images) and each image's score.
+    """
+    if set(predictions) != set(references):
+        missing = [key for key in references if key not in predictions][:5]
+        extra = [key for key in predictions if key not in references][:5]
+        raise ValueError(
+            "predictions and references must have the same keys; "
+            f"keys without a prediction: {missing}, keys without references: {extra} (first 5 of each shown)."
+        )
+    if not predictions:
+        raise ValueError("CIDEr-D of an empty corpus is undefined: pass at least one prediction.")
+    keys = list(references)
+    reference_lists = [references[key] for key in keys]
+    for key, image_references in zip(keys, reference_lists, strict=True):
+        _check_reference_list(key, image_references)
+    max_n = document_frequencies.max_n if document_frequencies is not None else 4
+    # count every reference's n-grams once: they serve the document frequencies and the reference vectors
+    counted = [
+        [(ngram_counts(words, max_n), max(len(words) - 1, 0)) for words in map(str.split, image_references)]
+        for image_references in reference_lists
+    ]
+    if document_frequencies is None:
+        document_frequencies = DocumentFrequencies.from_ngram_counts(
+            ([counts for counts, _ in image_counted] for image_counted in counted), max_n
+        )
+    scorer = CiderD(document_frequencies, sigma=sigma)
+    row_vectors = scorer._build_reference_vectors(keys, reference_lists, counted)
+    scores = scorer._score_rows([predictions[key] for key in keys], row_vectors)
+    return float(np.mean(scores)), {key: float(score) for key, score in zip(keys, scores, strict=True)}

@@ -1,0 +1,203 @@
+"""Opening, validating and converting images, with errors that name the file and the fix.
+
+Conventions, shared by the dataset loaders and the processor:
+
+- **Colour modes** are converted to 8-bit RGB by `convert_to_rgb`: grayscale (`"1"`, `"L"`) is replicated over the
+  three channels; images with transparency (`"RGBA"`, `"LA"`, `"PA"`, palette images with a transparent colour) are
+  composited on a white background (the background of the shapes dataset and of most scanned or rendered images);
+  `"CMYK"` uses Pillow's conversion (no ICC colour management); 16-bit and 32-bit integer grayscale (`"I;16"`,
+  `"I;16B"`, `"I;16L"`, `"I"`, as Pillow decodes 16-bit PNG and TIFF files) is rescaled from [0, 65535] to
+  [0, 255]; float grayscale (`"F"`) is clipped to [0, 255]; palette (`"P"`) and other modes Pillow can convert are
+  converted directly.
+- **Truncated or corrupt files** raise a `ValueError` naming the file (Pillow's own message says only "image file is
+  truncated").
+- **Very large images**: Pillow refuses to open an image of more than `2 * PIL.Image.MAX_IMAGE_PIXELS` pixels (about
+  179 megapixels by default) as a possible decompression bomb; `open_image` turns this into a `ValueError` naming
+  the file and how to raise the limit for trusted data. Merely big images are decoded at reduced resolution when
+  `max_size` is given: JPEG files through `Image.draft` (DCT-domain scaling, cheap), then `Image.thumbnail` for
+  every format, keeping the aspect ratio.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+__all__ = [
+    "check_image_files",
+    "convert_to_rgb",
+    "open_image",
+]
+
+WHITE = (255, 255, 255)
+_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_MAX_LISTED_PATHS = 5
+
+
+def _describe(image: Image.Image) -> str:
+    filename = getattr(image, "filename", "")
+    return f"image file {filename}" if filename else "in-memory image"
+
+
+def _decompression_bomb_message(path: str | os.PathLike, error: Exception) -> str:
+    return (
+        f"Image file {path} is too large to open safely: {error} If the file is trusted, raise Pillow's limit before "
+        "loading with `PIL.Image.MAX_IMAGE_PIXELS = <number of pixels>` (or `None` to disable the check), or "
+        "downscale the file beforehand."
+    )
+
+
+def convert_to_rgb(image: Image.Image, background: tuple[int, int, int] = WHITE) -> Image.Image:
+    """Convert an image of any common Pillow mode to 8-bit RGB (see the module docstring for each mode).
+
+    Args:
+        image (`PIL.Image.Image`): the image; lazily opened files are decoded here.
+        background (`tuple[int, int, int]`, *optional*, defaults to white): the colour transparent pixels are
+            composited on.
+
+    Returns:
+        `PIL.Image.Image`: an `"RGB"` image of the same size (the input itself if it already is RGB).
+
+    Raises:
+        `ValueError`: if the image data is truncated or corrupt, or its mode cannot be converted.
+    """
+    try:
+        image.load()
+    except (OSError, SyntaxError) as error:
+        raise ValueError(
+            f"Cannot decode {_describe(image)}: {error}. The file is truncated or corrupt; re-download or re-encode "
+            "it, or remove it from the dataset."
+        ) from error
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode == "P" and "transparency" in image.info:
+        image, mode = image.convert("RGBA"), "RGBA"
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (*background, 255))
+        return Image.alpha_composite(canvas, rgba).convert("RGB")
+    if mode in _SIXTEEN_BIT_MODES:
+        # 65535 / 257 = 255: the full 16-bit range maps exactly onto the 8-bit range.
+        values = np.asarray(image, dtype=np.float64)
+        eight_bit = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(eight_bit, mode="L").convert("RGB")
+    if mode == "F":
+        eight_bit = np.clip(np.rint(np.asarray(image, dtype=np.float64)), 0, 255).astype(np.uint8)
+        return Image.fromarray(eight_bit, mode="L").convert("RGB")
+    try:
+        return image.convert("RGB")
+    except ValueError as error:
+        raise ValueError(
+            f"Cannot convert {_describe(image)} from mode {mode!r} to RGB: {error}. Convert the file to RGB "
+            "beforehand (e.g. with `PIL.Image.open(path).convert('RGB').save(new_path)`)."
+        ) from error
+
+
+def open_image(path: str | os.PathLike, max_size: int | None = None) -> Image.Image:
+    """Open an image file as 8-bit RGB, optionally downscaled so that neither side exceeds `max_size`.
+
+    Args:
+        path (`str` or `os.PathLike`): the image file.
+        max_size (`int`, *optional*): longest side allowed, in pixels. Larger images are decoded at reduced
+            resolution (`Image.draft` for JPEG) and shrunk with `Image.thumbnail`, keeping the aspect ratio.
+            `None` keeps the original size.
+
+    Returns:
+        `PIL.Image.Image`: an `"RGB"` image.
+
+    Raises:
+        `FileNotFoundError`: if `path` does not exist.
+        `ValueError`: if the file is not an image, is truncated or corrupt, or exceeds Pillow's decompression-bomb
+            limit (the message says how to raise it).
+    """
+    if max_size is not None and max_size < 1:
+        raise ValueError(f"max_size must be a positive number of pixels or None, got {max_size!r}.")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Image file {path} does not exist.")
+    try:
+        image = Image.open(path)
+    except Image.DecompressionBombError as error:
+        raise ValueError(_decompression_bomb_message(path, error)) from error
+    except (OSError, SyntaxError) as error:  # PIL.UnidentifiedImageError is an OSError
+        raise ValueError(
+            f"Cannot open image file {path}: {error}. Is it an image in a format Pillow reads?"
+        ) from error
+    if max_size is not None and max(image.size) > max_size:
+        # Only JPEG (and PCD) implement draft; it picks a scale of 1/2, 1/4 or 1/8 no smaller than the request.
+        image.draft("RGB", (max_size, max_size))
+    rgb = convert_to_rgb(image)
+    if max_size is not None and max(rgb.size) > max_size:
+        rgb.thumbnail((max_size, max_size), Image.Resampling.BICUBIC)
+    return rgb
+
+
+def _decoding_problem(path: str) -> str | None:
+    """Why `path` cannot be decoded, or None if it can."""
+    try:
+        with Image.open(path) as image:
+            image.verify()  # structure and checksums, without decoding pixels
+        with Image.open(path) as image:
+            # verify() does not decode JPEG data: a reduced-size decode still reads the whole stream (cheap).
+            image.draft("RGB", (64, 64))
+            image.load()
+    except Image.DecompressionBombError as error:
+        return _decompression_bomb_message(path, error)
+    except (OSError, SyntaxError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _list_paths(paths: Sequence[str]) -> str:
+    listed = "\n  ".join(paths[:_MAX_LISTED_PATHS])
+    more = f"\n  ... and {len(paths) - _MAX_LISTED_PATHS} more" if len(paths) > _MAX_LISTED_PATHS else ""
+    return f"  {listed}{more}"
+
+
+def check_image_files(
+    paths: Iterable[str | os.PathLike], verify: bool = False, num_threads: int | None = None
+) -> None:
+    """Check that every image file exists (and, with `verify=True`, decodes), raising ONE error for all problems.
+
+    Run by the dataset loaders before training starts, so that a missing file does not stop a run hours in.
+
+    Args:
+        paths (`Iterable[str | os.PathLike]`): the image files.
+        verify (`bool`, *optional*, defaults to `False`): also open every file and check that it decodes
+            (`Image.verify` plus a reduced-resolution decode). Slower: it reads every file.
+        num_threads (`int`, *optional*): threads used by `verify` (Pillow decodes without holding the GIL);
+            defaults to `min(8, os.cpu_count())`.
+
+    Raises:
+        `FileNotFoundError`: if files are missing; the message gives their count and the first paths.
+        `ValueError`: if `verify` finds files that cannot be decoded; the message gives their count, the first paths
+            and why each failed.
+    """
+    paths = [str(path) for path in paths]
+    missing = [path for path in paths if not os.path.isfile(path)]
+    if missing:
+        parents = sorted({str(Path(path).parent) for path in missing[:_MAX_LISTED_PATHS]})
+        raise FileNotFoundError(
+            f"{len(missing)} of {len(paths)} image files are missing:\n{_list_paths(missing)}\n"
+            f"Check that the images were downloaded and that the images root is right (looked in: "
+            f"{', '.join(parents)})."
+        )
+    if not verify:
+        return
+    num_threads = num_threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=num_threads) as executor:
+        problems = [
+            f"{path} ({problem})"
+            for path, problem in zip(paths, executor.map(_decoding_problem, paths), strict=True)
+            if problem is not None
+        ]
+    if problems:
+        raise ValueError(
+            f"{len(problems)} of {len(paths)} image files cannot be decoded:\n{_list_paths(problems)}\n"
+            "Re-download or re-encode these files, or remove them from the annotations."
+        )

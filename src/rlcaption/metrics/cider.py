@@ -295,11 +295,11 @@ class CiderD:
     def num_cached_images(self) -> int:
         return len(self._cache)
 
-    def _count_ngrams(self, text: str) -> tuple[Counter[tuple[str, ...]], int]:
+    def _count_ngrams(self, text: str, normalize: bool = True) -> tuple[Counter[tuple[str, ...]], int]:
         """N-gram counts of one caption and its length as the COCO code measures it (its number of bigrams)."""
         if not isinstance(text, str):
             raise ValueError(f"Expected a caption string, got {type(text).__name__} {text!r}.")
-        words = (self.text_normalizer(text) if self.text_normalizer is not None else text).split()
+        words = (self.text_normalizer(text) if normalize and self.text_normalizer is not None else text).split()
         return ngram_counts(words, self.max_n), max(len(words) - 1, 0)
 
     def _ngram_ids(self, ngrams: Iterable[tuple[str, ...]], assign: bool) -> list[int]:
@@ -429,6 +429,7 @@ class CiderD:
         candidates: Sequence[str],
         references: Sequence[Sequence[str]],
         keys: Sequence[Hashable] | None = None,
+        normalize_candidates: bool = True,
     ) -> np.ndarray:
         """CIDEr-D of each candidate against its own references.
 
@@ -437,6 +438,8 @@ class CiderD:
             references (`Sequence[Sequence[str]]` of length `batch_size`): the references of each row's image.
             keys (`Sequence[Hashable]` of length `batch_size`, *optional*): image keys under which the reference
                 vectors are cached (e.g. `image_id`); by default the tuple of references is the key.
+            normalize_candidates (`bool`, defaults to `True`): apply `text_normalizer` to the candidates; `False` when
+                the caller has normalized them already (references are always normalized).
 
         Returns:
             `np.ndarray` of shape `(batch_size,)`: the per-candidate scores (0 for an empty candidate).
@@ -454,9 +457,12 @@ class CiderD:
         # 1. reference vectors of every row, from the cache
         if keys is None:
             keys = [tuple(image_references) for image_references in references]
-        return self._score_rows(candidates, self._cached_vectors(keys, references))
+        row_vectors = self._cached_vectors(keys, references)
+        return self._score_rows(candidates, row_vectors, normalize=normalize_candidates)
 
-    def _score_rows(self, candidates: Sequence[str], row_vectors: Sequence[_ReferenceVectors]) -> np.ndarray:
+    def _score_rows(
+        self, candidates: Sequence[str], row_vectors: Sequence[_ReferenceVectors], normalize: bool = True
+    ) -> np.ndarray:
         """Scores of each candidate against the reference vectors of its row: `(batch_size,)`."""
         batch_size = len(candidates)
         max_n = self.max_n
@@ -465,7 +471,7 @@ class CiderD:
         candidate_rows, candidate_orders, candidate_ids, candidate_counts = [], [], [], []
         candidate_lengths = np.empty(batch_size)
         for row, candidate in enumerate(candidates):
-            counts, candidate_lengths[row] = self._count_ngrams(candidate)
+            counts, candidate_lengths[row] = self._count_ngrams(candidate, normalize)
             ngrams = list(counts)
             candidate_rows.extend([row] * len(ngrams))
             candidate_orders.extend([len(ngram) - 1 for ngram in ngrams])

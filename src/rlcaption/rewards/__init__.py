@@ -1,0 +1,42 @@
+"""Reward functions for RL captioning: a TRL-compatible protocol, a registry, weighted mixes and metric rewards.
+
+```python
+>>> from rlcaption.rewards import get_reward, RewardMix
+>>> cider = get_reward("cider", document_frequencies=train_references)  # one list of captions per image
+>>> cider(completions=["a dog on a couch"], references=[["a dog lying on a sofa", ...]], image_id=[42])
+>>> mix = RewardMix(["bleu", cider], weights=[0.5, 1.0])
+>>> total, per_reward = mix.score(completions=..., references=..., image_id=...)
+```
+"""
+
+from .base import RewardFunc, check_reward_inputs, completion_texts, reward_name, row_keys
+from .metric_rewards import (
+    BleuReward,
+    CiderReward,
+    MeteorReward,
+    MetricReward,
+    RougeReward,
+    SpiceReward,
+    SpiderReward,
+)
+from .mix import RewardMix
+from .registry import available_rewards, get_reward, register_reward
+
+__all__ = [
+    "RewardFunc",
+    "reward_name",
+    "completion_texts",
+    "check_reward_inputs",
+    "row_keys",
+    "register_reward",
+    "get_reward",
+    "available_rewards",
+    "RewardMix",
+    "MetricReward",
+    "CiderReward",
+    "BleuReward",
+    "RougeReward",
+    "MeteorReward",
+    "SpiceReward",
+    "SpiderReward",
+]

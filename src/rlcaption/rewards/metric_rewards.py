@@ -1,0 +1,229 @@
+"""Caption-metric rewards: the per-caption value of a COCO metric, computed by the same code as `rlcaption.metrics`.
+
+Each reward tokenizes completions and references with `normalize_caption` (the COCO toolkit's PTB tokenization) and
+scores every completion against its own references, as one image of the metric's corpus. An empty completion (or one
+that is only punctuation) scores 0.0.
+
+- `cider`: CIDEr-D with document frequencies computed once from a training corpus (or loaded from a file) and
+  reference vectors cached per image (`image_id` when the batch has it), scored in vectorized NumPy.
+- `bleu`: per-image BLEU-n (default n = 4) with the COCO code's per-image smoothing.
+- `rouge`: per-image ROUGE-L.
+- `meteor`, `spice`: METEOR 1.5 and SPICE through Java (`rlcaption[java]`).
+- `spider`: (CIDEr-D + SPICE) / 2 (Liu et al. 2017); it raises SPICE's error when SPICE cannot run, never substitutes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..metrics.cider import CiderD, DocumentFrequencies, compute_cider_d
+from ..metrics.tokenization import normalize_caption
+from .base import check_reward_inputs, row_keys
+from .registry import register_reward
+
+__all__ = ["MetricReward", "CiderReward", "BleuReward", "RougeReward", "MeteorReward", "SpiceReward", "SpiderReward"]
+
+
+class MetricReward:
+    """Base of the metric rewards: validates a call, tokenizes completions, gives empty completions 0.0.
+
+    Subclasses set `__name__` (the logging name) and implement `_score`, which sees only the non-empty completions.
+    """
+
+    __name__ = "metric"
+
+    def __call__(self, *, completions: list[Any], references: list[list[str]] | None = None, **columns) -> list[float]:
+        image_ids = row_keys(columns.get("image_id"), len(completions))
+        texts, reference_lists = check_reward_inputs(completions, references, image_ids)
+        candidates = [normalize_caption(text) for text in texts]
+        rewards = np.zeros(len(candidates))
+        rows = [row for row, candidate in enumerate(candidates) if candidate]
+        if rows:
+            rewards[rows] = self._score(
+                [candidates[row] for row in rows],
+                [reference_lists[row] for row in rows],
+                [image_ids[row] for row in rows] if image_ids is not None else None,
+            )
+        return rewards.tolist()
+
+    def _score(
+        self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
+    ) -> np.ndarray:
+        """Scores of tokenized, non-empty `candidates` against their raw `references`: `(num_candidates,)`."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _tokenized_corpus(
+        candidates: list[str], references: list[Sequence[str]]
+    ) -> tuple[dict[int, str], dict[int, list[str]]]:
+        """Candidates and tokenized references keyed by position, the input form of `rlcaption.metrics`."""
+        predictions = dict(enumerate(candidates))
+        tokenized = {row: [normalize_caption(reference) for reference in refs] for row, refs in enumerate(references)}
+        return predictions, tokenized
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.__name__!r})"
+
+
+def _document_frequencies(
+    source: DocumentFrequencies | str | os.PathLike | Sequence[Sequence[str]],
+) -> DocumentFrequencies:
+    if isinstance(source, DocumentFrequencies):
+        return source
+    if isinstance(source, str | os.PathLike):
+        return DocumentFrequencies.load(source)
+    corpus = [[normalize_caption(reference) for reference in image_references] for image_references in source]
+    return DocumentFrequencies.from_references(corpus)
+
+
+@register_reward("cider")
+class CiderReward(MetricReward):
+    """CIDEr-D of each completion, with fixed document frequencies and cached reference vectors.
+
+    A completion's reward equals `compute_cider_d`'s per-image value for the same (tokenized) inputs and document
+    frequencies.
+
+    Args:
+        document_frequencies (`DocumentFrequencies`, `str`, `os.PathLike` or `Sequence[Sequence[str]]`, *optional*):
+            the IDF statistics: an object, a file written by `DocumentFrequencies.save`, or a training corpus given
+            as one list of raw reference captions per image (tokenized and counted once here). `None` takes them
+            from the references of each call, which equals running the COCO code's `Cider` on that batch (slower:
+            no cache, and the weights change from batch to batch).
+        sigma (`float`, defaults to 6.0): standard deviation of the Gaussian length penalty.
+        max_cached_images (`int`, *optional*): bound on the number of images whose reference vectors are cached.
+    """
+
+    def __init__(
+        self,
+        document_frequencies: DocumentFrequencies | str | os.PathLike | Sequence[Sequence[str]] | None = None,
+        sigma: float = 6.0,
+        max_cached_images: int | None = None,
+    ):
+        self.__name__ = "cider"
+        self.sigma = sigma
+        self.document_frequencies = (
+            None if document_frequencies is None else _document_frequencies(document_frequencies)
+        )
+        self.scorer = None
+        if self.document_frequencies is not None:
+            self.scorer = CiderD(
+                self.document_frequencies,
+                sigma=sigma,
+                text_normalizer=normalize_caption,
+                max_cached_images=max_cached_images,
+            )
+
+    def _score(
+        self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
+    ) -> np.ndarray:
+        if self.scorer is None:
+            predictions, tokenized = self._tokenized_corpus(candidates, references)
+            _, per_row = compute_cider_d(predictions, tokenized, sigma=self.sigma)
+            return np.array([per_row[row] for row in range(len(candidates))])
+        return self.scorer.score(candidates, references, keys=image_ids, normalize_candidates=False)
+
+
+@register_reward("bleu")
+class BleuReward(MetricReward):
+    """Per-image BLEU-n of each completion, as the COCO code's `Bleu` reports per image.
+
+    Args:
+        n (`int`, defaults to 4): the n-gram order of the BLEU score returned (BLEU-n uses orders 1..n).
+    """
+
+    def __init__(self, n: int = 4):
+        if n < 1:
+            raise ValueError(f"n={n}: BLEU needs an n-gram order of at least 1.")
+        self.n = n
+        self.__name__ = f"bleu_{n}"
+
+    def _score(
+        self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
+    ) -> np.ndarray:
+        from ..metrics.bleu import compute_bleu
+
+        _, per_row = compute_bleu(*self._tokenized_corpus(candidates, references), max_n=self.n)
+        return np.array([per_row[row][self.n - 1] for row in range(len(candidates))])
+
+
+@register_reward("rouge")
+class RougeReward(MetricReward):
+    """Per-image ROUGE-L (F-measure with beta = 1.2, as the COCO code) of each completion."""
+
+    def __init__(self):
+        self.__name__ = "rouge_l"
+
+    def _score(
+        self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
+    ) -> np.ndarray:
+        from ..metrics.rouge import compute_rouge_l
+
+        _, per_row = compute_rouge_l(*self._tokenized_corpus(candidates, references))
+        return np.array([per_row[row] for row in range(len(candidates))])
+
+
+@register_reward("meteor")
+class MeteorReward(MetricReward):
+    """METEOR 1.5 of each completion, through the shared long-lived METEOR process (needs Java)."""
+
+    def __init__(self):
+        self.__name__ = "meteor"
+
+    def _score(
+        self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
+    ) -> np.ndarray:
+        from ..metrics.meteor import compute_meteor
+
+        _, per_row = compute_meteor(*self._tokenized_corpus(candidates, references))
+        return np.array([per_row[row] for row in range(len(candidates))])
+
+
+@register_reward("spice")
+class SpiceReward(MetricReward):
+    """SPICE of each completion (needs Java and Stanford CoreNLP 3.6.0; raises where SPICE cannot run)."""
+
+    def __init__(self):
+        self.__name__ = "spice"
+
+    def _score(
+        self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
+    ) -> np.ndarray:
+        from ..metrics.spice import compute_spice
+
+        _, per_row = compute_spice(*self._tokenized_corpus(candidates, references))
+        return np.array([per_row[row] for row in range(len(candidates))])
+
+
+@register_reward("spider")
+class SpiderReward(MetricReward):
+    """SPIDEr = (CIDEr-D + SPICE) / 2 of each completion (Liu et al. 2017).
+
+    SPICE runs first, so a machine where it cannot run fails with SPICE's own error before any CIDEr-D work; the
+    reward is never computed from CIDEr-D alone.
+
+    Args:
+        document_frequencies: as for `CiderReward`.
+        sigma (`float`, defaults to 6.0): CIDEr-D's length-penalty standard deviation.
+        max_cached_images (`int`, *optional*): as for `CiderReward`.
+    """
+
+    def __init__(
+        self,
+        document_frequencies: DocumentFrequencies | str | os.PathLike | Sequence[Sequence[str]] | None = None,
+        sigma: float = 6.0,
+        max_cached_images: int | None = None,
+    ):
+        self.__name__ = "spider"
+        self.cider = CiderReward(document_frequencies, sigma=sigma, max_cached_images=max_cached_images)
+        self.spice = SpiceReward()
+
+    def _score(
+        self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
+    ) -> np.ndarray:
+        spice = self.spice._score(candidates, references, image_ids)
+        cider = self.cider._score(candidates, references, image_ids)
+        return (cider + spice) / 2.0

@@ -1,0 +1,66 @@
+"""Registry of named reward functions: `get_reward("cider", document_frequencies=...)`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from .base import RewardFunc
+
+__all__ = ["register_reward", "get_reward", "available_rewards"]
+
+RewardFactory = TypeVar("RewardFactory", bound=Callable[..., RewardFunc])
+
+_REWARD_FACTORIES: dict[str, Callable[..., RewardFunc]] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
+    """Class or function decorator registering a reward factory under `name`.
+
+    The factory (a reward class, or a function building a reward) receives `get_reward`'s keyword arguments.
+
+    Example:
+    ```python
+    >>> @register_reward("length")
+    ... def length_reward():
+    ...     return lambda *, completions, references, **columns: [float(len(c.split())) for c in completions]
+    ```
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"A reward needs a non-empty string name, got {name!r}.")
+
+    def decorator(factory: RewardFactory) -> RewardFactory:
+        existing = _REWARD_FACTORIES.get(name)
+        if existing is not None and existing is not factory:
+            raise ValueError(
+                f"A reward named {name!r} is already registered ({existing!r}); choose another name for {factory!r}."
+            )
+        _REWARD_FACTORIES[name] = factory
+        return factory
+
+    return decorator
+
+
+def available_rewards() -> list[str]:
+    """Names accepted by `get_reward`, sorted."""
+    return sorted(_REWARD_FACTORIES)
+
+
+def get_reward(name: str, **kwargs) -> RewardFunc:
+    """Builds the reward registered under `name` with `kwargs` (e.g. `document_frequencies=` for `"cider"`).
+
+    Raises:
+        `ValueError`: for an unknown name, listing the available ones.
+    """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"get_reward takes a reward name, got {type(name).__name__} {name!r}; pass callables to RewardMix "
+            "directly."
+        )
+    factory = _REWARD_FACTORIES.get(name)
+    if factory is None:
+        raise ValueError(
+            f"Unknown reward {name!r}; available rewards: {', '.join(available_rewards())}. "
+            "Register your own with `@register_reward(name)` or pass a callable."
+        )
+    return factory(**kwargs)

@@ -1,0 +1,22 @@
+"""Registrations that let the `transformers` Auto classes resolve rlcaption's models and processor.
+
+Importing this module (done by `import rlcaption`) is enough: afterwards `AutoConfig`, `AutoModel`,
+`AutoModelForImageTextToText` and `AutoProcessor` load folders and hub repos saved by rlcaption. The models are also
+registered for `trust_remote_code`, so a saved checkpoint carries its modeling code and loads for users who do not
+have rlcaption installed.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor
+
+from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig
+from rlcaption.processing import CaptionProcessor
+
+__all__: list[str] = []
+
+AutoConfig.register(ShowTellRLConfig.model_type, ShowTellRLConfig, exist_ok=True)
+AutoModel.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
+AutoModelForImageTextToText.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
+AutoProcessor.register(ShowTellRLConfig, CaptionProcessor, exist_ok=True)
+
+ShowTellRLConfig.register_for_auto_class("AutoConfig")
+ShowTellRL.register_for_auto_class("AutoModel")

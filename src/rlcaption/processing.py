@@ -1,0 +1,276 @@
+"""CaptionProcessor: image preprocessing plus a word-level caption tokenizer.
+
+Captions are normalised with the metrics' tokenizer ([`rlcaption.metrics.tokenization.normalize_caption`]: the COCO
+toolkit's PTB tokenization, lower-casing, punctuation removal) *before* they reach the word-level tokenizer, so the
+words the model learns are exactly the words CIDEr-D, BLEU, ... compare. The `tokenizers` model only splits the
+normalised text on whitespace; re-implementing the PTB lexer as `tokenizers` regexes would not match it on every
+caption. The processor (`CaptionProcessor.from_pretrained`, `AutoProcessor.from_pretrained`) therefore always
+normalises; the bare tokenizer expects already-normalised text.
+
+Images go through a standard `transformers` image processor (`ViTImageProcessorPil`: resize, rescale, normalise)
+after being converted to 8-bit RGB here, whatever their mode (grayscale, 16-bit, CMYK, palette, RGBA composited on
+white, ...).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
+from transformers.models.vit import ViTImageProcessorPil
+
+from rlcaption.metrics.tokenization import normalize_caption
+
+__all__ = ["SPECIAL_TOKENS", "CaptionProcessor"]
+
+# Order fixes the ids: <pad> = 0, <bos> = 1, <eos> = 2, <unk> = 3 (the defaults of ShowTellRLConfig).
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+_PAD, _BOS, _EOS, _UNK = SPECIAL_TOKENS
+
+# Images much larger than the model input are box-reduced first: resizing from full resolution costs time and
+# memory for no visible difference at, say, 64x64.
+_MAX_OVERSIZE = 4
+
+
+def _build_word_tokenizer(words: Sequence[str]) -> PreTrainedTokenizerFast:
+    """Word-level fast tokenizer over `SPECIAL_TOKENS + words`; encoding adds `<bos>` ... `<eos>`."""
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *words])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=_UNK))
+    # lower-casing is idempotent on normalised captions and keeps the bare tokenizer sensible on raw text
+    backend.normalizer = normalizers.Lowercase()
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{_BOS} $A {_EOS}", special_tokens=[(_BOS, vocab[_BOS]), (_EOS, vocab[_EOS])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token=_PAD, bos_token=_BOS, eos_token=_EOS, unk_token=_UNK
+    )
+
+
+def _check_captions(captions: Sequence) -> list[str]:
+    if isinstance(captions, str):
+        return [captions]
+    captions = list(captions)
+    for index, caption in enumerate(captions):
+        if not isinstance(caption, str):
+            raise ValueError(
+                f"Caption {index} is a {type(caption).__name__} ({caption!r}), expected a str; convert or drop "
+                "non-string captions before tokenizing."
+            )
+    return captions
+
+
+def _composite_on_white(rgba: np.ndarray) -> np.ndarray:
+    """`(H, W, 4)` uint8 -> `(H, W, 3)` uint8, transparent pixels shown on white."""
+    alpha = rgba[..., 3:4].astype(np.float32) / 255.0
+    rgb = rgba[..., :3].astype(np.float32) * alpha + 255.0 * (1.0 - alpha)
+    return np.round(rgb).astype(np.uint8)
+
+
+def _pil_to_rgb_array(image: Image.Image) -> np.ndarray:
+    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        # 16/32-bit integer and float grayscale: scale to 8 bits by the range the mode can hold
+        values = np.asarray(image, dtype=np.float64)
+        if image.mode == "F":
+            peak = 1.0 if values.max(initial=0.0) <= 1.0 else 255.0
+        else:
+            peak = 65535.0 if image.mode.startswith("I;16") or values.max(initial=0.0) > 255 else 255.0
+        gray = np.clip(np.round(values / peak * 255.0), 0, 255).astype(np.uint8)
+        return np.repeat(gray[..., None], 3, axis=-1)
+    if "A" in image.getbands() or "transparency" in image.info:
+        return _composite_on_white(np.asarray(image.convert("RGBA")))
+    return np.asarray(image.convert("RGB"))  # L, 1, P, CMYK, YCbCr, LAB, HSV, RGB
+
+
+def _array_to_rgb_array(array: np.ndarray) -> np.ndarray:
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim != 3:
+        raise ValueError(f"Expected an image array of shape (H, W), (H, W, C) or (C, H, W), got {array.shape}.")
+    if array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
+        array = np.moveaxis(array, 0, -1)  # channels first -> channels last
+    if np.issubdtype(array.dtype, np.floating):
+        if array.size and (array.min() < 0.0 or array.max() > 1.0):
+            raise ValueError(
+                f"Float image arrays must hold values in [0, 1], got [{array.min()}, {array.max()}]; pass uint8 "
+                "arrays for 0-255 values."
+            )
+        array = np.round(array * 255.0).astype(np.uint8)
+    elif array.dtype != np.uint8:
+        raise ValueError(f"Image arrays must be uint8 or float in [0, 1], got dtype {array.dtype}.")
+    channels = array.shape[-1]
+    if channels == 1:
+        return np.repeat(array, 3, axis=-1)
+    if channels == 4:
+        return _composite_on_white(array)
+    if channels == 3:
+        return array
+    raise ValueError(f"Image arrays must have 1, 3 or 4 channels, got shape {array.shape}.")
+
+
+class CaptionProcessor(ProcessorMixin):
+    """Prepares images and captions for rlcaption's captioners and decodes generated token ids.
+
+    Args:
+        image_processor ([`ViTImageProcessorPil`] or any `transformers` image processor):
+            Resizes, rescales and normalises RGB images into `pixel_values`.
+        tokenizer ([`PreTrainedTokenizerFast`]):
+            Word-level tokenizer with the special tokens `<pad>` (id 0), `<bos>`, `<eos>`, `<unk>`; build one
+            with [`CaptionProcessor.from_captions`].
+
+    Example:
+
+    ```python
+    >>> processor = CaptionProcessor.from_captions(dataset["train"]["captions"], min_count=5)
+    >>> batch = processor(images=images, text=["A red circle.", "Two squares."])
+    >>> batch["input_ids"]  # <bos> a red circle <eos> / <bos> two squares <eos> <pad>
+    >>> processor.batch_decode(model.generate(pixel_values=batch["pixel_values"]))
+    ```
+    """
+
+    def __init__(self, image_processor, tokenizer):
+        super().__init__(image_processor, tokenizer)
+
+    @classmethod
+    def from_captions(
+        cls,
+        captions: Iterable[str] | Iterable[Sequence[str]],
+        min_count: int = 1,
+        image_size: int = 64,
+        image_mean: Sequence[float] = (0.5, 0.5, 0.5),
+        image_std: Sequence[float] = (0.5, 0.5, 0.5),
+        max_vocab_size: int | None = None,
+    ) -> CaptionProcessor:
+        """Build a processor whose vocabulary holds the words of `captions` seen at least `min_count` times.
+
+        Args:
+            captions: training captions, flat (`["a cat", ...]`) or one list per image (a `captions` column).
+            min_count: rarer words map to `<unk>`.
+            image_size: side of the square `pixel_values`.
+            image_mean, image_std: per-channel normalisation of pixel values scaled to [0, 1].
+            max_vocab_size: keep at most this many entries, the 4 special tokens included (most frequent words).
+
+        Words are ordered by decreasing count, ties alphabetically, so the same captions give the same ids.
+        """
+        if min_count < 1:
+            raise ValueError(f"min_count must be at least 1, got {min_count}.")
+        if max_vocab_size is not None and max_vocab_size <= len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"max_vocab_size={max_vocab_size} leaves no room for words next to the {len(SPECIAL_TOKENS)} "
+                "special tokens."
+            )
+        counts: Counter[str] = Counter()
+        num_captions = 0
+        for item in captions:
+            for caption in _check_captions(item):
+                counts.update(normalize_caption(caption).split())
+                num_captions += 1
+        if num_captions == 0:
+            raise ValueError("from_captions got no captions; pass the training captions to build the vocabulary.")
+        words = sorted((word for word, count in counts.items() if count >= min_count), key=lambda w: (-counts[w], w))
+        words = [word for word in words if word not in SPECIAL_TOKENS]
+        if max_vocab_size is not None:
+            words = words[: max_vocab_size - len(SPECIAL_TOKENS)]
+        image_processor = ViTImageProcessorPil(
+            size={"height": image_size, "width": image_size}, image_mean=list(image_mean), image_std=list(image_std)
+        )
+        return cls(image_processor=image_processor, tokenizer=_build_word_tokenizer(words))
+
+    @property
+    def model_input_names(self) -> list[str]:
+        return ["pixel_values", "input_ids", "attention_mask"]
+
+    def _prepare_image(self, image) -> np.ndarray:
+        if isinstance(image, Image.Image):
+            target = max(self.image_processor.size.get("height", 0), self.image_processor.size.get("width", 0))
+            factor = min(image.size) // (_MAX_OVERSIZE * target) if target else 0
+            if factor >= 2:
+                image = image.reduce(factor)
+            return _pil_to_rgb_array(image)
+        if isinstance(image, torch.Tensor):
+            return _array_to_rgb_array(image.detach().cpu().numpy())
+        if isinstance(image, np.ndarray):
+            return _array_to_rgb_array(image)
+        raise ValueError(
+            f"Unsupported image type {type(image).__name__}; pass PIL images, numpy arrays or torch tensors."
+        )
+
+    def __call__(
+        self,
+        images=None,
+        text: str | Sequence[str] | None = None,
+        max_length: int | None = None,
+        padding: bool | str = True,
+        return_tensors: str | None = "pt",
+    ) -> BatchFeature:
+        """Prepare a batch.
+
+        Args:
+            images: one image or a list (PIL images of any mode, `(H, W[, C])`/`(C, H, W)` uint8 or [0, 1] float
+                arrays or tensors).
+            text: one caption or a list; normalised like the metrics, then `<bos> w_1 ... <eos>`.
+            max_length: truncate captions to this many tokens, `<bos>` and `<eos>` included.
+            padding: `True`/"longest" pads to the longest caption, "max_length" to `max_length`, False not at all.
+            return_tensors: "pt", "np" or None (lists).
+
+        Returns:
+            [`BatchFeature`] with `pixel_values` `(batch_size, 3, size, size)` when `images` is given, and
+            `input_ids`, `attention_mask` `(batch_size, length)` when `text` is given.
+        """
+        if images is None and text is None:
+            raise ValueError("CaptionProcessor needs images, text or both.")
+        data = {}
+        if images is not None:
+            if not isinstance(images, (list, tuple)):
+                images = [images]
+            arrays = [self._prepare_image(image) for image in images]
+            pixel_values = self.image_processor(
+                arrays, return_tensors=return_tensors, input_data_format="channels_last"
+            )["pixel_values"]
+            data["pixel_values"] = pixel_values
+        if text is not None:
+            normalised = [normalize_caption(caption) for caption in _check_captions(text)]
+            encoded = self.tokenizer(
+                normalised,
+                padding=padding,
+                truncation=max_length is not None,
+                max_length=max_length,
+                return_tensors=return_tensors,
+                return_token_type_ids=False,
+            )
+            data.update(encoded)
+        return BatchFeature(data=data, tensor_type=return_tensors)
+
+    def batch_decode(self, sequences, skip_special_tokens: bool = True, **kwargs) -> list[str]:
+        """Token ids `(batch_size, length)` -> captions, each cut after its first `<eos>` (after position 0).
+
+        With `skip_special_tokens=True` (the default) `<pad>`, `<bos>`, `<eos>` and `<unk>` are dropped and the
+        words joined by single spaces: the result is already normalised like the metrics' tokenizer output.
+        """
+        if isinstance(sequences, torch.Tensor):
+            sequences = sequences.tolist()
+        elif isinstance(sequences, np.ndarray):
+            sequences = sequences.tolist()
+        eos_id = self.tokenizer.eos_token_id
+        captions = []
+        for ids in sequences:
+            ids = list(ids)
+            if eos_id in ids[1:]:
+                ids = ids[: ids.index(eos_id, 1) + 1]
+            captions.append(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens, **kwargs))
+        return captions
+
+    def decode(self, token_ids, skip_special_tokens: bool = True, **kwargs) -> str:
+        """One caption: see [`batch_decode`]."""
+        if isinstance(token_ids, (torch.Tensor, np.ndarray)):
+            token_ids = token_ids.tolist()
+        return self.batch_decode([token_ids], skip_special_tokens=skip_special_tokens, **kwargs)[0]
+
+    def post_process_image_text_to_text(self, generated_outputs, skip_special_tokens: bool = True, **kwargs):
+        """Captions from `generate` outputs (what the `image-text-to-text` pipeline calls)."""
+        return self.batch_decode(generated_outputs, skip_special_tokens=skip_special_tokens, **kwargs)

@@ -523,7 +523,9 @@ class CiderD:
                 for reference in range(max_references)
             ],
             axis=-1,
-        ).reshape(batch_size, max_n, max_references)
+        )
+        # bincount of no entries is an int array: force float so the in-place division below is valid
+        similarity = similarity.astype(np.float64, copy=False).reshape(batch_size, max_n, max_references)
 
         # 5. cosine: divide only where both norms are non-zero (the COCO code leaves the raw sum otherwise)
         denominators = candidate_norms[:, :, None] * reference_norms.transpose(0, 2, 1)  # (batch, max_n, max_refs)

@@ -1,0 +1,248 @@
+"""CIDEr-D: parity with pycocoevalcap 1.2 (both document-frequency modes), the published fakecap score, the cache."""
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from pycocoevalcap.cider.cider import Cider
+from pycocoevalcap.cider.cider_scorer import CiderScorer
+
+from rlcaption.metrics.cider import CiderD, DocumentFrequencies, compute_cider_d, ngram_counts
+from rlcaption.metrics.tokenization import normalize_caption
+
+FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
+
+
+class FixedDocumentFrequencyCiderScorer(CiderScorer):
+    """pycocoevalcap's scorer with document frequencies from another corpus, as self-critical.pytorch's CiderD.
+
+    `compute_cider` overwrites `ref_len` with log(number of evaluated images); the property ignores that write so
+    the reference code runs unmodified with `ref_len = log(number of images in the df corpus)`.
+    """
+
+    ref_len = property(lambda self: self._fixed_ref_len, lambda self, value: None)
+
+    def __init__(self, document_frequency: dict, num_documents: int):
+        super().__init__(n=4, sigma=6.0)
+        self.document_frequency.update(document_frequency)
+        self._fixed_ref_len = np.log(float(num_documents))
+
+
+def reference_document_frequencies(corpus: list[list[str]]) -> dict:
+    """Document frequencies counted by pycocoevalcap's own code."""
+    scorer = CiderScorer(n=4)
+    for references in corpus:
+        scorer += (None, references)
+    scorer.compute_doc_freq()
+    return dict(scorer.document_frequency)
+
+
+def reference_fixed_df_scores(
+    predictions: dict, references: dict, df_corpus: list[list[str]]
+) -> tuple[float, np.ndarray]:
+    scorer = FixedDocumentFrequencyCiderScorer(reference_document_frequencies(df_corpus), len(df_corpus))
+    for key in predictions:
+        scorer += (predictions[key], references[key])
+    scores = np.array(scorer.compute_cider())
+    return float(scores.mean()), scores
+
+
+@pytest.fixture(scope="module")
+def fakecap():
+    """The toolkit's example, tokenized with our PTB-equivalent tokenizer: (predictions, references)."""
+    ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
+    results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())
+    references: dict[int, list[str]] = {}
+    for annotation in ground_truth["annotations"]:
+        references.setdefault(annotation["image_id"], []).append(normalize_caption(annotation["caption"]))
+    predictions = {result["image_id"]: normalize_caption(result["caption"]) for result in results}
+    return predictions, references
+
+
+def test_fakecap_reproduces_published_cider_and_pycocoevalcap(fakecap):
+    predictions, references = fakecap
+    corpus, per_image = compute_cider_d(predictions, references)
+    assert round(corpus, 3) == 0.600  # cocoEvalCapDemo.ipynb
+    reference_corpus, reference_scores = Cider().compute_score(
+        references, {key: [caption] for key, caption in predictions.items()}
+    )
+    assert abs(corpus - reference_corpus) <= 1e-6
+    reference_per_image = dict(zip(references, reference_scores, strict=True))
+    assert max(abs(per_image[key] - reference_per_image[key]) for key in references) <= 1e-6
+
+
+def test_training_corpus_document_frequencies_match_reference(fakecap):
+    predictions, references = fakecap
+    keys = list(references)
+    # document frequencies from 600 images; 200 of the evaluated images are outside that corpus, so their
+    # reference n-grams include some with df = 0
+    df_corpus = [references[key] for key in keys[:600]]
+    evaluated = keys[400:800]
+    document_frequencies = DocumentFrequencies.from_references(df_corpus)
+    corpus, per_image = compute_cider_d(
+        {key: predictions[key] for key in evaluated}, {key: references[key] for key in evaluated}, document_frequencies
+    )
+    reference_corpus, reference_scores = reference_fixed_df_scores(
+        {key: predictions[key] for key in evaluated}, references, df_corpus
+    )
+    assert abs(corpus - reference_corpus) <= 1e-6
+    assert np.abs(np.array([per_image[key] for key in evaluated]) - reference_scores).max() <= 1e-6
+    # the evaluated references' own document frequencies give other scores: the comparison above is not vacuous
+    own_corpus, _ = compute_cider_d(
+        {key: predictions[key] for key in evaluated}, {key: references[key] for key in evaluated}
+    )
+    assert abs(corpus - own_corpus) > 1e-3
+
+
+def test_document_frequencies_equal_reference_counts(fakecap):
+    _, references = fakecap
+    corpus = list(references.values())[:300]
+    ours = DocumentFrequencies.from_references(corpus)
+    theirs = reference_document_frequencies(corpus)
+    assert len(ours) == len(theirs)
+    assert all(ours[ngram] == count for ngram, count in theirs.items())
+    assert ours.num_documents == 300
+
+
+def test_hand_computed_score():
+    # two images; candidate "a b" of image A: n-grams a, b, "a b" each in 1 of 2 images, idf = log 2 for all;
+    # orders 1 and 2 have cosine 1, orders 3 and 4 have no n-grams (0); no length difference:
+    # 10 * mean(1, 1, 0, 0) / 1 reference = 5.0
+    corpus, per_image = compute_cider_d({"A": "a b", "B": "x"}, {"A": ["a b"], "B": ["c d"]})
+    assert per_image["A"] == pytest.approx(5.0, abs=1e-12)
+    assert per_image["B"] == 0.0
+    assert corpus == pytest.approx(2.5, abs=1e-12)
+    # Gaussian penalty on the bigram-count difference: "a b c" has 2 bigrams against 1 in the reference
+    document_frequencies = DocumentFrequencies.from_references([["a b"], ["c d"]])
+    _, per_image = compute_cider_d({"A": "a b a"}, {"A": ["a b"]}, document_frequencies)
+    weight_a, weight_b = 2 * math.log(2), math.log(2)  # "a" occurs twice in the candidate
+    unigram_cosine = (min(weight_a, math.log(2)) * math.log(2) + weight_b * weight_b) / (
+        math.hypot(weight_a, weight_b) * math.hypot(math.log(2), math.log(2))
+    )
+    # bigrams of the candidate: "a b" (df 1), "b a" (df 0, idf log 2); of the reference: "a b"
+    bigram_cosine = math.log(2) ** 2 / (math.hypot(math.log(2), math.log(2)) * math.log(2))
+    expected = 10 * (unigram_cosine + bigram_cosine) / 4 * math.exp(-1 / 72)
+    assert per_image["A"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_ngram_counts():
+    counts = ngram_counts("a b a b".split())
+    assert counts[("a",)] == 2 and counts[("a", "b")] == 2 and counts[("b", "a")] == 1
+    assert counts[("a", "b", "a", "b")] == 1 and sum(counts.values()) == 4 + 3 + 2 + 1
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_document_frequencies_save_load_round_trip(tmp_path, suffix, fakecap):
+    _, references = fakecap
+    document_frequencies = DocumentFrequencies.from_references(list(references.values())[:50])
+    path = tmp_path / f"df{suffix}"
+    document_frequencies.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the temporary file was renamed, not left behind
+    loaded = DocumentFrequencies.load(path)
+    assert loaded.num_documents == 50 and loaded.max_n == 4
+    assert dict(zip(loaded.index, loaded.counts.tolist(), strict=True)) == dict(
+        zip(document_frequencies.index, document_frequencies.counts.tolist(), strict=True)
+    )
+    if suffix.endswith(".gz"):
+        json.loads(gzip.decompress(path.read_bytes()))
+
+
+def test_document_frequencies_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="from_references"):
+        DocumentFrequencies.load(tmp_path / "missing.json")
+    (tmp_path / "other.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match="not a document-frequency file"):
+        DocumentFrequencies.load(tmp_path / "other.json")
+    with pytest.raises(FileNotFoundError, match="directory"):
+        DocumentFrequencies.from_references([["a b"]]).save(tmp_path / "no" / "such" / "dir.json")
+    with pytest.raises(ValueError, match="exceeds num_documents"):
+        DocumentFrequencies({("a",): 3}, num_documents=2)
+    with pytest.raises(ValueError, match="list of reference captions"):
+        DocumentFrequencies.from_references(["a single caption"])
+
+
+def test_cache_gives_identical_scores_and_detects_changed_references(fakecap):
+    predictions, references = fakecap
+    keys = list(references)[:100]
+    scorer = CiderD(DocumentFrequencies.from_references(list(references.values())))
+    candidates = [predictions[key] for key in keys]
+    reference_lists = [references[key] for key in keys]
+    first = scorer.score(candidates, reference_lists, keys=keys)
+    assert scorer.num_cached_images == 100
+    again = scorer.score(candidates[::-1], reference_lists[::-1], keys=keys[::-1])
+    np.testing.assert_array_equal(first, again[::-1])
+    # the same key with other references must not reuse the stale vectors
+    changed = scorer.score([candidates[0]], [reference_lists[1]], keys=[keys[0]])
+    fresh = CiderD(scorer.document_frequencies).score([candidates[0]], [reference_lists[1]])
+    np.testing.assert_allclose(changed, fresh, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="appears twice"):
+        scorer.score(candidates[:2], reference_lists[:2], keys=[keys[0], keys[0]])
+
+
+def test_cache_bound():
+    scorer = CiderD(DocumentFrequencies.from_references([["a b"], ["c d"]]), max_cached_images=2)
+    scorer.score(["a", "b", "c"], [["a b"], ["c d"], ["e f"]], keys=[1, 2, 3])
+    assert scorer.num_cached_images == 2
+    scorer.clear_cache()
+    assert scorer.num_cached_images == 0
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="'img7'"):
+        compute_cider_d({"img7": "a dog"}, {"img7": []})
+    with pytest.raises(ValueError, match="same keys"):
+        compute_cider_d({1: "a dog"}, {2: ["a dog"]})
+    scorer = CiderD(DocumentFrequencies.from_references([["a b"]]))
+    with pytest.raises(ValueError, match="2 candidates but 1 reference"):
+        scorer.score(["a", "b"], [["a b"]])
+    with pytest.raises(ValueError, match="caption string"):
+        scorer.score([None], [["a b"]])
+
+
+def test_degenerate_captions_have_defined_scores():
+    references = {
+        1: ["a dog on a couch", "a brown dog lying on a sofa"],
+        2: ["a cat", ""],
+        3: ["ein hund über dem sofa"],
+    }
+    predictions = {1: "", 2: " ".join(["cat"] * 1000), 3: "ein hund über dem sofa"}
+    _, per_image = compute_cider_d(predictions, references)
+    reference = Cider().compute_score(references, {key: [caption] for key, caption in predictions.items()})[1]
+    np.testing.assert_allclose([per_image[key] for key in references], reference, rtol=0, atol=1e-9)
+    assert per_image[1] == 0.0 and all(math.isfinite(score) for score in per_image.values())
+
+
+words = st.sampled_from(["a", "dog", "cat", "on", "the", "red", "sofa", "two", "man", "riding"])
+captions = st.lists(words, min_size=0, max_size=12).map(" ".join)
+corpora = st.lists(st.tuples(captions, st.lists(captions, min_size=1, max_size=5)), min_size=1, max_size=6).map(
+    lambda rows: ({k: row[0] for k, row in enumerate(rows)}, {k: row[1] for k, row in enumerate(rows)})
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(corpora)
+def test_property_equal_to_pycocoevalcap(corpus):
+    predictions, references = corpus
+    # the COCO code crashes (max() of an empty sequence) when no reference has any word
+    assume(any(reference for refs in references.values() for reference in refs))
+    ours, per_image = compute_cider_d(predictions, references)
+    theirs, their_scores = Cider().compute_score(references, {k: [c] for k, c in predictions.items()})
+    assert ours == pytest.approx(theirs, abs=1e-9)
+    np.testing.assert_allclose([per_image[k] for k in references], their_scores, rtol=0, atol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(corpora, st.randoms(use_true_random=False))
+def test_property_non_negative_and_invariant_to_reference_order(corpus, random):
+    predictions, references = corpus
+    corpus_score, per_image = compute_cider_d(predictions, references)
+    assert corpus_score >= 0 and all(score >= 0 for score in per_image.values())
+    shuffled = {key: random.sample(refs, len(refs)) for key, refs in references.items()}
+    shuffled_score, shuffled_per_image = compute_cider_d(predictions, shuffled)
+    assert shuffled_score == pytest.approx(corpus_score, abs=1e-12)
+    assert all(shuffled_per_image[key] == pytest.approx(per_image[key], abs=1e-12) for key in per_image)

@@ -1,0 +1,40 @@
+"""Caption metrics computed exactly as the COCO caption evaluation code does, fast.
+
+`evaluate_captions` is the entry point for corpus evaluation; every metric is also a plain function on tokenized
+captions (`compute_bleu`, `compute_rouge_l`, `compute_cider_d`, `compute_meteor`, ...) returning the corpus score
+and the per-image scores, and an `evaluate` module (`load_metric`). Nothing here imports torch.
+"""
+
+from .bleu import compute_bleu, corpus_bleu_statistics
+from .cider import CiderD, DocumentFrequencies, compute_cider_d
+from .evaluation import AVAILABLE_METRICS, EVALUATE_MODULES, evaluate_captions, load_metric, tokenize_captions
+from .java import check_java, find_java
+from .meteor import MeteorScorer, compute_meteor
+from .rouge import compute_rouge_l
+from .spice import check_spice, compute_spice, download_spice
+from .tokenization import PUNCTUATIONS, normalize_caption, tokenize_caption, tokenize_corpus
+
+__all__ = [
+    "AVAILABLE_METRICS",
+    "EVALUATE_MODULES",
+    "PUNCTUATIONS",
+    "CiderD",
+    "DocumentFrequencies",
+    "MeteorScorer",
+    "check_java",
+    "check_spice",
+    "compute_bleu",
+    "compute_cider_d",
+    "compute_meteor",
+    "compute_rouge_l",
+    "compute_spice",
+    "corpus_bleu_statistics",
+    "download_spice",
+    "evaluate_captions",
+    "find_java",
+    "load_metric",
+    "normalize_caption",
+    "tokenize_caption",
+    "tokenize_captions",
+    "tokenize_corpus",
+]

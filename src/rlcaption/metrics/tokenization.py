@@ -223,7 +223,8 @@ def ptb_tokenize_lines(lines: list[str]) -> list[list[str]]:
     output = completed.stdout.decode("utf-8").split("\n")
     if len(output) < len(lines):
         raise RuntimeError(f"Java PTBTokenizer returned {len(output)} lines for {len(lines)} captions.")
-    return [line.split() for line in output[: len(lines)]]
+    # split on plain spaces only, as the toolkit does: a fraction token ("25\u00a01/2") holds a no-break space
+    return [[token for token in line.rstrip().split(" ") if token] for line in output[: len(lines)]]
 
 
 def tokenize_corpus(captions: Mapping[K, list[str]], tokenizer: str = "fast") -> dict[K, list[str]]:

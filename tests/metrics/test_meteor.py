@@ -1,4 +1,6 @@
+import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +11,9 @@ from rlcaption.metrics.meteor import (
     sanitize_meteor_hypothesis,
     sanitize_meteor_reference,
 )
+from rlcaption.metrics.tokenization import normalize_caption
+
+FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
 
 
 def _java_problem() -> str | None:
@@ -72,6 +77,19 @@ class TestMeteorAgainstPycocoevalcap:
         # sanity of the reference itself: an empty candidate scores 0, a good paraphrase scores well
         assert per_key[5] == 0.0
         assert 0.2 < per_key[1] < 1.0
+
+    def test_fakecap_reproduces_published_meteor_and_pycocoevalcap(self, reference_meteor):
+        ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
+        results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())
+        references: dict[int, list[str]] = {}
+        for annotation in ground_truth["annotations"]:
+            references.setdefault(annotation["image_id"], []).append(normalize_caption(annotation["caption"]))
+        predictions = {result["image_id"]: normalize_caption(result["caption"]) for result in results}
+        corpus, per_key = compute_meteor(predictions, references)
+        assert round(corpus, 3) == 0.195  # cocoEvalCapDemo.ipynb
+        expected_corpus, expected_per_key = pycocoevalcap_meteor(reference_meteor, predictions, references)
+        assert abs(corpus - expected_corpus) <= 1e-6
+        assert max(abs(per_key[key] - expected_per_key[key]) for key in predictions) <= 1e-6
 
     def test_repeated_calls_reuse_one_process_and_agree(self):
         first = compute_meteor(PREDICTIONS, REFERENCES)
@@ -159,12 +177,12 @@ def test_sanitizers_match_pycocoevalcap_on_hypotheses_and_keep_references_whole(
 @pytest.mark.parametrize(
     "predictions, references, message",
     [
-        ({}, {}, "at least one prediction"),
-        ({1: "a dog"}, {2: ["a dog"]}, "same keys"),
-        ({1: "a dog", 2: "a cat"}, {1: ["a dog"]}, r"keys without references: \[2\]"),
-        ({1: "a dog"}, {1: []}, "Key 1 needs a non-empty list"),
-        ({1: "a dog"}, {1: "a dog"}, "Key 1 needs a non-empty list"),
-        ({1: ["a dog"]}, {1: ["a dog"]}, "must be one string"),
+        ({}, {}, "METEOR got no predictions"),
+        ({1: "a dog"}, {2: ["a dog"]}, "prediction key 1 has no entry in references"),
+        ({1: "a dog", 2: "a cat"}, {1: ["a dog"]}, "prediction key 2 has no entry"),
+        ({1: "a dog"}, {1: []}, "references for key 1 are an empty list"),
+        ({1: "a dog"}, {1: "a dog"}, "references for key 1 are a single string"),
+        ({1: ["a dog"]}, {1: ["a dog"]}, "prediction for key 1 is a list"),
     ],
 )
 def test_bad_inputs_are_rejected_before_java_runs(predictions, references, message):

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from typing import IO, TypeVar
 
+from .bleu import check_caption_corpus
 from .java import check_java, find_java, pycocoevalcap_dir
 
 __all__ = [
@@ -196,7 +197,7 @@ class MeteorScorer:
             ValueError: on mismatched keys, a key without references, or an empty input.
             RuntimeError: when Java is unusable or the METEOR process fails twice in a row.
         """
-        keys = _check_inputs(predictions, references)
+        keys = check_caption_corpus(predictions, references, "METEOR")
         if self._state["process"] is None:
             self.preflight()
         score_lines = [
@@ -268,26 +269,6 @@ class MeteorScorer:
         if text.startswith("Error"):
             raise RuntimeError(f"the METEOR process answered {text!r}")
         return text
-
-
-def _check_inputs(predictions: Mapping[K, str], references: Mapping[K, Sequence[str]]) -> list[K]:
-    if not predictions:
-        raise ValueError("METEOR needs at least one prediction; got an empty `predictions` mapping.")
-    missing = [key for key in predictions if key not in references]
-    extra = [key for key in references if key not in predictions]
-    if missing or extra:
-        raise ValueError(
-            f"`predictions` and `references` must have the same keys; keys without references: {missing[:5]}, "
-            f"references without a prediction: {extra[:5]}."
-        )
-    for key in predictions:
-        if not isinstance(predictions[key], str):
-            raise ValueError(
-                f"The prediction of key {key!r} must be one string, got {type(predictions[key]).__name__}."
-            )
-        if isinstance(references[key], str) or len(references[key]) == 0:
-            raise ValueError(f"Key {key!r} needs a non-empty list of reference strings, got {references[key]!r}.")
-    return list(predictions)
 
 
 _shared_scorer: MeteorScorer | None = None

@@ -32,6 +32,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from .bleu import check_caption_corpus
 from .java import check_java, find_java, pycocoevalcap_dir
 
 __all__ = [
@@ -172,7 +173,7 @@ def compute_spice(
         ValueError: on mismatched keys, a key without references, or an empty input.
         RuntimeError: when SPICE cannot run here (see `check_spice`) or the jar fails.
     """
-    keys = _check_inputs(predictions, references)
+    keys = check_caption_corpus(predictions, references, "SPICE")
     classpath = check_spice()
     try:
         keys = sorted(keys)  # pycocoevalcap's order, so that the corpus mean is summed in the same order
@@ -211,24 +212,6 @@ def compute_spice(
     per_key = {key: scores_by_position[position] for position, key in enumerate(keys)}
     corpus = math.fsum(per_key.values()) / len(per_key)
     return corpus, per_key
-
-
-def _check_inputs(predictions: Mapping[K, str], references: Mapping[K, Sequence[str]]) -> list[K]:
-    if not predictions:
-        raise ValueError("SPICE needs at least one prediction; got an empty `predictions` mapping.")
-    missing = [key for key in predictions if key not in references]
-    extra = [key for key in references if key not in predictions]
-    if missing or extra:
-        raise ValueError(
-            f"`predictions` and `references` must have the same keys; keys without references: {missing[:5]}, "
-            f"references without a prediction: {extra[:5]}."
-        )
-    for key, prediction in predictions.items():
-        if not isinstance(prediction, str):
-            raise ValueError(f"The prediction of key {key!r} must be one string, got {type(prediction).__name__}.")
-        if isinstance(references[key], str) or len(references[key]) == 0:
-            raise ValueError(f"Key {key!r} needs a non-empty list of reference strings, got {references[key]!r}.")
-    return list(predictions)
 
 
 # --------------------------------------------------------------------------------------------------------------------

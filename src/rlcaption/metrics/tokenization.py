@@ -90,6 +90,27 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE | re.IGNORECASE,
 )
+# Unicode the Java lexer rewrites before tokenizing (curly quotes, dashes, ellipsis, currencies, vulgar fractions,
+# zero-width space), mapped to the ASCII the rest of this lexer handles the same way.
+_UNICODE_REWRITES = str.maketrans(
+    {
+        **dict.fromkeys("\u201c\u201d\u201e\u201f\u00ab\u00bb", '"'),
+        **dict.fromkeys("\u2018\u2019\u201a\u201b", "'"),
+        **dict.fromkeys("\u2012\u2013\u2014\u2015", "--"),
+        "\u2026": "...",
+        "\u20ac": "$",
+        "\u00a3": "#",
+        "\u00a2": " cents ",
+        "\u00bc": "1/4",
+        "\u00bd": "1/2",
+        "\u00be": "3/4",
+        "\u2153": "1/3",
+        "\u2154": "2/3",
+        "\u200b": " ",
+    }
+)
+# Characters outside the Basic Multilingual Plane (emoji) are untokenizable for the Java lexer, which deletes them.
+_OUTSIDE_BMP = re.compile("[\U00010000-\U0010ffff]")
 _NEGATION = re.compile(rf"'t(?!{_ALNUM})", re.IGNORECASE)
 _BRACKETS = {"(": "-LRB-", ")": "-RRB-", "{": "-LCB-", "}": "-RCB-", "[": "-LSB-", "]": "-RSB-"}
 
@@ -121,6 +142,7 @@ def _keeps_period(word: str, text: str, after: int) -> bool:
 
 def _lex(text: str) -> list[str]:
     """Penn Treebank tokens of one line, original case, before punctuation removal."""
+    text = _OUTSIDE_BMP.sub("", text.translate(_UNICODE_REWRITES))
     tokens: list[str] = []
     position = 0
     length = len(text)

@@ -251,6 +251,17 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         hiddens, cells = self._run_lstm_stepwise(inputs, state, step_mask)  # left padding or holes
         return hiddens[-1], (hiddens[:, :, -1], cells[:, :, -1])
 
+    def _vocabulary_scores(self, lstm_outputs: torch.FloatTensor) -> torch.FloatTensor:
+        """Logits over the vocabulary; `<pad>` and `<bos>` get the lowest finite score.
+
+        A caption never continues with `<pad>` or `<bos>`, so the model gives them (numerically) zero probability:
+        sampling, beam search and `caption_log_probs` then all use the same distribution, and entropies stay
+        finite (0 * log 0 = 0 with a finite minimum, NaN with -inf).
+        """
+        logits = self.lm_head(self.dropout(lstm_outputs))
+        never_predicted = torch.tensor([self.config.pad_token_id, self.config.bos_token_id], device=logits.device)
+        return logits.index_fill(-1, never_predicted, torch.finfo(logits.dtype).min)
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -302,7 +313,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         word_embeddings = self.word_embeddings(input_ids)  # (B, T, W)
         outputs, (hidden, cell) = self._run_lstm(word_embeddings, (state.hidden, state.cell), step_mask)
         # 3. vocabulary scores
-        logits = self.lm_head(self.dropout(outputs))  # (B, T, V)
+        logits = self._vocabulary_scores(outputs)  # (B, T, V)
 
         loss = None
         if labels is not None:
@@ -335,7 +346,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         """
         outputs, (hidden, cell) = self.lstm(self.word_embeddings(token_ids)[:, None, :], (state.hidden, state.cell))
         top_hidden = outputs[:, 0]  # (B, H)
-        logits = self.lm_head(self.dropout(top_hidden))  # (B, V)
+        logits = self._vocabulary_scores(top_hidden)  # (B, V)
         return logits, top_hidden, ShowTellRLState(hidden, cell, state.seq_length + 1)
 
     def caption_log_probs(

@@ -1,0 +1,397 @@
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel
+
+import rlcaption.models.auto  # noqa: F401  (registers the Auto classes)
+from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig, ShowTellRLState
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def tiny_config(**overrides) -> ShowTellRLConfig:
+    fields = dict(
+        vocab_size=50,
+        hidden_size=32,
+        word_embedding_size=16,
+        image_size=16,
+        cnn_channels=[4, 8],
+        baseline_hidden_size=8,
+        max_caption_length=8,
+        dropout=0.1,
+    )
+    fields.update(overrides)
+    return ShowTellRLConfig(**fields)
+
+
+def tiny_model(seed: int = 0, **overrides) -> ShowTellRL:
+    torch.manual_seed(seed)
+    return ShowTellRL(tiny_config(**overrides)).eval()
+
+
+def random_captions(batch_size: int, length: int, seed: int = 1) -> torch.LongTensor:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 50, (batch_size, length), generator=generator)
+    ids[:, 0] = BOS
+    return ids
+
+
+def random_pixels(batch_size: int, seed: int = 2) -> torch.FloatTensor:
+    return torch.randn(batch_size, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def manual_greedy(model: ShowTellRL, pixel_values: torch.Tensor, max_length: int) -> torch.LongTensor:
+    """Greedy decoding written out with `initial_state` and `step` (finished rows are padded)."""
+    state = model.initial_state(pixel_values)
+    tokens = torch.full((pixel_values.shape[0],), BOS)
+    sequences = [tokens]
+    finished = torch.zeros_like(tokens, dtype=torch.bool)
+    for _ in range(max_length - 1):
+        logits, _, state = model.step(tokens, state)
+        tokens = logits.argmax(-1).masked_fill(finished, PAD)
+        sequences.append(tokens)
+        finished |= tokens == EOS
+        if finished.all():
+            break
+    return torch.stack(sequences, dim=1)
+
+
+def sequence_log_prob(model: ShowTellRL, pixel_values: torch.Tensor, sequence: list[int]) -> float:
+    ids = torch.tensor([sequence])
+    return model.caption_log_probs(ids, pixel_values=pixel_values).sum().item()
+
+
+# ------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(encoder_type="transformer"), "encoder_type"),
+        (dict(image_size=18), "divisible"),
+        (dict(encoder_type="features"), "image_feature_size"),
+        (dict(encoder_type="backbone"), "backbone"),
+        (dict(eos_token_id=99), "eos_token_id"),
+        (dict(eos_token_id=0), "must differ"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(hidden_size=0), "hidden_size"),
+    ],
+)
+def test_config_rejects_bad_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)
+
+
+# ------------------------------------------------------------------ forward
+
+
+def test_output_shapes_and_loss_matches_manual_cross_entropy():
+    model = tiny_model()
+    ids = random_captions(3, 6)
+    labels = ids.clone()
+    labels[0, 4:] = PAD  # padding is ignored
+    labels[1, 2] = -100
+    out = model(ids, pixel_values=random_pixels(3), labels=labels, output_hidden_states=True)
+    assert out.logits.shape == (3, 6, 50)
+    assert out.hidden_states.shape == (3, 6, 32)
+    assert isinstance(out.past_key_values, ShowTellRLState) and out.past_key_values.get_seq_length() == 6
+    assert out.past_key_values.hidden.shape == (1, 3, 32)
+    log_probs = out.logits[:, :-1].log_softmax(-1)
+    terms = [
+        -log_probs[b, t, labels[b, t + 1]] for b in range(3) for t in range(5) if labels[b, t + 1] not in (PAD, -100)
+    ]
+    torch.testing.assert_close(out.loss, torch.stack(terms).mean())
+
+
+def test_loss_backward_reaches_every_parameter_except_baseline():
+    model = tiny_model(num_layers=2)
+    model.train()
+    ids = random_captions(4, 5)
+    model(ids, pixel_values=random_pixels(4), labels=ids).loss.backward()
+    for name, parameter in model.named_parameters():
+        if name.startswith("baseline_head"):
+            assert parameter.grad is None, name
+        else:
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_full_forward_equals_prefix_then_cached_steps():
+    model = tiny_model(num_layers=2)
+    ids, pixels = random_captions(3, 7), random_pixels(3)
+    full = model(ids, pixel_values=pixels)
+    prefix = model(ids[:, :3], pixel_values=pixels)
+    logits, cache = [prefix.logits], prefix.past_key_values
+    for t in range(3, 7):
+        # the image inputs must be ignored once there is a cache
+        out = model(ids[:, t : t + 1], pixel_values=torch.zeros_like(pixels), past_key_values=cache)
+        logits.append(out.logits)
+        cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(logits, dim=1), full.logits)
+    torch.testing.assert_close(cache.hidden, full.past_key_values.hidden)
+    assert cache.get_seq_length() == 7
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_padding_leaves_the_state_unchanged(padding_side):
+    model = tiny_model()
+    ids, pixels = random_captions(2, 6), random_pixels(2)
+    short = ids[:1, :4]
+    padded = ids.clone()
+    mask = torch.ones_like(ids)
+    if padding_side == "right":
+        padded[0, 4:], mask[0, 4:] = PAD, 0
+        out = model(padded, pixel_values=pixels, attention_mask=mask)
+        valid_logits = out.logits[0, :4]
+    else:
+        padded[0] = torch.cat([torch.full((2,), PAD), short[0]])
+        mask[0, :2] = 0
+        out = model(padded, pixel_values=pixels, attention_mask=mask)
+        valid_logits = out.logits[0, 2:]
+    alone = model(short, pixel_values=pixels[:1])
+    torch.testing.assert_close(valid_logits, alone.logits[0])
+    torch.testing.assert_close(out.past_key_values.hidden[:, :1], alone.past_key_values.hidden)
+    torch.testing.assert_close(out.past_key_values.cell[:, :1], alone.past_key_values.cell)
+    # the unpadded row is untouched by the other row's padding
+    torch.testing.assert_close(out.logits[1], model(ids[1:], pixel_values=pixels[1:]).logits[0])
+
+
+def test_precomputed_features_encoder():
+    model = tiny_model(encoder_type="features", image_feature_size=12)
+    features = torch.randn(2, 12)
+    out = model(random_captions(2, 4), image_features=features)
+    assert out.logits.shape == (2, 4, 50)
+    with pytest.raises(ValueError, match="image_features"):
+        model(random_captions(2, 4), pixel_values=random_pixels(2))
+    with pytest.raises(ValueError, match=r"\(batch_size, 12\)"):
+        model(random_captions(2, 4), image_features=torch.randn(2, 7))
+
+
+def test_transformers_backbone_encoder_frozen():
+    backbone_config = dict(
+        model_type="vit", image_size=16, patch_size=8, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32,
+    )  # fmt: skip
+    model = tiny_model(encoder_type="backbone", backbone_config=backbone_config, freeze_backbone=True)
+    model.train()
+    ids = random_captions(2, 4)
+    model(ids, pixel_values=random_pixels(2), labels=ids).loss.backward()
+    assert all(p.grad is None for p in model.image_encoder.backbone.parameters())
+    assert model.image_projection.weight.grad is not None
+    assert not model.image_encoder.backbone.training  # frozen: stays in eval mode
+
+
+def test_backbone_loaded_from_a_pretrained_folder(tmp_path):
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(5)
+    vit = ViTModel(ViTConfig(image_size=16, patch_size=8, hidden_size=24, num_hidden_layers=1,
+                             num_attention_heads=2, intermediate_size=32))  # fmt: skip
+    vit.save_pretrained(tmp_path / "vit")
+    model = tiny_model(encoder_type="backbone", backbone=str(tmp_path / "vit"))
+    for name, value in vit.state_dict().items():
+        torch.testing.assert_close(model.image_encoder.backbone.state_dict()[name], value)
+    assert model.config.use_pretrained_backbone is False  # a saved copy does not reload the backbone
+
+
+# ------------------------------------------------------------------ RL interface
+
+
+def test_caption_log_probs_agree_with_forward_logits():
+    model = tiny_model()
+    ids, pixels = random_captions(3, 6), random_pixels(3)
+    ids[2, 4:] = PAD
+    log_probs = model.caption_log_probs(ids, pixel_values=pixels)
+    assert log_probs.shape == (3, 5)
+    logits = model(ids, pixel_values=pixels).logits
+    for b, t in itertools.product(range(3), range(5)):
+        expected = 0.0 if ids[b, t + 1] == PAD else logits[b, t].log_softmax(-1)[ids[b, t + 1]].item()
+        assert log_probs[b, t].item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_prefix_states_agree_with_step_by_step():
+    model = tiny_model(num_layers=2)
+    ids, pixels = random_captions(2, 5), random_pixels(2)
+    hidden, cell = model.prefix_states(ids, pixel_values=pixels)
+    assert hidden.shape == cell.shape == (2, 2, 5, 32)
+    state = model.initial_state(pixels)
+    for t in range(5):
+        logits, top_hidden, state = model.step(ids[:, t], state)
+        torch.testing.assert_close(hidden[:, :, t], state.hidden)
+        torch.testing.assert_close(cell[:, :, t], state.cell)
+        torch.testing.assert_close(top_hidden, hidden[-1, :, t])
+    # continuing from a prefix state gives the forward's next-token logits
+    full_logits = model(ids, pixel_values=pixels).logits
+    resumed = ShowTellRLState(hidden[:, :, 2].contiguous(), cell[:, :, 2].contiguous(), 3)
+    logits, _, _ = model.step(ids[:, 3], resumed)
+    torch.testing.assert_close(logits, full_logits[:, 3])
+
+
+def test_baseline_values_send_no_gradient_into_the_lstm():
+    model = tiny_model()
+    ids = random_captions(2, 5)
+    out = model(ids, pixel_values=random_pixels(2), output_hidden_states=True)
+    values = model.baseline_values(out.hidden_states)
+    assert values.shape == (2, 5)
+    (values - 1.0).pow(2).sum().backward()
+    assert all(p.grad is not None for p in model.baseline_head.parameters())
+    assert all(p.grad is None for name, p in model.named_parameters() if not name.startswith("baseline_head"))
+
+
+# ------------------------------------------------------------------ generate
+
+
+def test_greedy_generate_equals_hand_written_greedy_loop():
+    model = tiny_model()
+    pixels = random_pixels(4)
+    generated = model.generate(pixel_values=pixels, max_length=8)
+    assert (generated[:, 0] == BOS).all()
+    torch.testing.assert_close(generated, manual_greedy(model, pixels, 8))
+    uncached = model.generate(pixel_values=pixels, max_length=8, use_cache=False)
+    torch.testing.assert_close(uncached, generated)
+
+
+def test_greedy_generate_from_precomputed_features():
+    model = tiny_model(encoder_type="features", image_feature_size=12)
+    generated = model.generate(image_features=torch.randn(3, 12), max_length=6)
+    assert generated.shape[0] == 3 and (generated[:, 0] == BOS).all()
+
+
+def test_beam_search_with_one_beam_is_greedy():
+    model = tiny_model()
+    pixels = random_pixels(3)
+    torch.testing.assert_close(
+        model.generate(pixel_values=pixels, num_beams=1, max_length=8),
+        model.generate(pixel_values=pixels, max_length=8),
+    )
+
+
+def test_beam_search_finds_the_brute_force_best_caption():
+    # vocabulary of 5 (3 special + 2 words), length <= 4: every caption can be enumerated
+    model = tiny_model(vocab_size=5, seed=3)
+    pixels = random_pixels(2)
+    max_length = 4
+    out = model.generate(
+        pixel_values=pixels, num_beams=25, max_length=max_length, length_penalty=0.0, early_stopping=True,
+        return_dict_in_generate=True, output_scores=True,
+    )  # fmt: skip
+    for b in range(2):
+        candidates = []
+        for length in range(1, max_length):
+            for words in itertools.product([3, 4, EOS], repeat=length):
+                ends = words[-1] == EOS or length == max_length - 1
+                if ends and EOS not in words[:-1]:
+                    candidates.append([BOS, *words])
+        scored = {tuple(c): sequence_log_prob(model, pixels[b : b + 1], c) for c in candidates}
+        best = max(scored, key=scored.get)
+        found = [t for t in out.sequences[b].tolist() if t != PAD]
+        assert tuple(found) == best
+        assert out.sequences_scores[b].item() == pytest.approx(scored[best], abs=1e-4)
+
+
+def test_beam_search_returned_scores_equal_recomputed_log_probs():
+    model = tiny_model(seed=4)
+    pixels = random_pixels(2)
+    out = model.generate(
+        pixel_values=pixels, num_beams=4, num_return_sequences=3, max_length=8, length_penalty=0.0,
+        return_dict_in_generate=True, output_scores=True,
+    )  # fmt: skip
+    assert out.sequences.shape[0] == 6
+    for index, (row, score) in enumerate(zip(out.sequences, out.sequences_scores, strict=True)):
+        tokens = [t for t in row.tolist() if t != PAD]
+        image = pixels[index // 3 : index // 3 + 1]
+        assert score.item() == pytest.approx(sequence_log_prob(model, image, tokens), abs=1e-4)
+    # returned in order of decreasing score for each image
+    scores = out.sequences_scores.view(2, 3)
+    assert (scores[:, :-1] >= scores[:, 1:]).all()
+
+
+def test_sampling_is_reproducible_and_num_return_sequences_shapes():
+    model = tiny_model()
+    pixels = random_pixels(2)
+    kwargs = dict(pixel_values=pixels, do_sample=True, top_k=10, top_p=0.9, temperature=0.8, max_length=8)
+    torch.manual_seed(0)
+    first = model.generate(num_return_sequences=3, **kwargs)
+    torch.manual_seed(0)
+    second = model.generate(num_return_sequences=3, **kwargs)
+    torch.testing.assert_close(first, second)
+    assert first.shape[0] == 6 and first.shape[1] <= 8 and (first[:, 0] == BOS).all()
+    # samples of one image come from that image: rows 0-2 use image 0
+    torch.manual_seed(0)
+    alone = model.generate(**{**kwargs, "pixel_values": pixels[:1]}, num_return_sequences=3)
+    assert alone.shape[0] == 3
+
+
+# ------------------------------------------------------------------ saving and loading
+
+
+def test_save_load_round_trip_gives_identical_outputs(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    reloaded = ShowTellRL.from_pretrained(tmp_path).eval()
+    by_auto = AutoModel.from_pretrained(tmp_path).eval()
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), ShowTellRLConfig)
+    ids, pixels = random_captions(2, 5), random_pixels(2)
+    expected = model(ids, pixel_values=pixels).logits
+    torch.testing.assert_close(reloaded(ids, pixel_values=pixels).logits, expected, rtol=0, atol=0)
+    torch.testing.assert_close(by_auto(ids, pixel_values=pixels).logits, expected, rtol=0, atol=0)
+    torch.testing.assert_close(reloaded.generate(pixel_values=pixels), model.generate(pixel_values=pixels))
+
+
+def build_local_hub_cache(cache_dir, repo_id: str, model_dir) -> None:
+    """Lay out `model_dir`'s files as the Hub cache does: refs/main -> snapshots/<revision>/."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = cache_dir / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(revision)
+    for file in model_dir.iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+
+
+def test_load_by_hub_id_from_local_cache_offline(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "saved")
+    build_local_hub_cache(tmp_path / "hub", "rlcaption-test/show-tell-tiny", tmp_path / "saved")
+    script = textwrap.dedent(
+        """
+        import torch, rlcaption.models.auto
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained("rlcaption-test/show-tell-tiny").eval()
+        torch.save(model(torch.tensor([[1, 5, 6]]), pixel_values=torch.ones(1, 3, 16, 16)).logits, "{out}")
+        """
+    ).format(out=tmp_path / "logits.pt")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True)
+    expected = model(torch.tensor([[1, 5, 6]]), pixel_values=torch.ones(1, 3, 16, 16)).logits
+    # another process may pick other CPU kernels: equal up to float rounding
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected)
+
+
+def test_saved_checkpoint_loads_with_trust_remote_code_without_rlcaption(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "saved")
+    for name in ("modeling_show_tell_rl.py", "configuration_show_tell_rl.py", "encoders.py"):
+        assert (tmp_path / "saved" / name).is_file(), name
+    assert "rlcaption" not in (tmp_path / "saved" / "modeling_show_tell_rl.py").read_text().split("__all__")[0]
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        sys.modules["rlcaption"] = None  # as for a user who never installed the package
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained("{saved}", trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        torch.save(model(torch.tensor([[1, 5, 6]]), pixel_values=torch.ones(1, 3, 16, 16)).logits, "{out}")
+        """
+    ).format(saved=tmp_path / "saved", out=tmp_path / "logits.pt")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = model(torch.tensor([[1, 5, 6]]), pixel_values=torch.ones(1, 3, 16, 16)).logits
+    # another process may pick other CPU kernels: equal up to float rounding
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected)

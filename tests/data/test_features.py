@@ -1,0 +1,156 @@
+import argparse
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from transformers import ViTConfig, ViTImageProcessor, ViTModel
+
+from rlcaption.data import features as features_module
+from rlcaption.data import load_shapes
+from rlcaption.data.features import (
+    configure_extract_features_parser,
+    extract_features,
+    pool_image_features,
+    run_extract_features,
+)
+
+
+class SimulatedInterruption(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def tiny_vit(tmp_path_factory):
+    """A randomly initialised 1-layer ViT with its image processor, saved like a Hub checkpoint."""
+    path = tmp_path_factory.mktemp("tiny-vit")
+    torch.manual_seed(0)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    ViTModel(config).save_pretrained(path)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return load_shapes(num_train=13, num_validation=5, num_test=4, cache_dir=tmp_path_factory.mktemp("shapes"))
+
+
+def _reference_features(dataset: datasets.Dataset, model_path: str) -> np.ndarray:
+    """The ViT pooler output computed image by image, straight from transformers."""
+    model = ViTModel.from_pretrained(model_path).eval()
+    processor = ViTImageProcessor.from_pretrained(model_path)
+    rows = []
+    for image in dataset["image"]:
+        with torch.no_grad():
+            rows.append(model(**processor(images=image, return_tensors="pt")).pooler_output[0].numpy())
+    return np.stack(rows)
+
+
+def test_features_equal_the_backbone_pooler_output(shapes, tiny_vit, tmp_path):
+    result = extract_features(shapes, tiny_vit, tmp_path / "out", batch_size=4, shard_size=5)
+    assert list(result) == ["train", "validation", "test"]
+    for split in result:
+        assert result[split].column_names == ["image", "captions", "image_id", "scene", "image_features"]
+        assert result[split]["image_id"] == shapes[split]["image_id"]
+        features = np.asarray(result[split]["image_features"], dtype=np.float32)
+        assert features.shape == (shapes[split].num_rows, 16)
+        np.testing.assert_allclose(features, _reference_features(shapes[split], tiny_vit), atol=1e-5)
+    reloaded = datasets.load_from_disk(str(tmp_path / "out" / "dataset"))
+    assert reloaded["test"]["image_features"] == result["test"]["image_features"]
+
+
+def test_single_split_and_plain_dataset(shapes, tiny_vit, tmp_path):
+    result = extract_features(shapes, tiny_vit, tmp_path / "one", split="test", shard_size=3)
+    assert list(result) == ["test"] and result["test"].num_rows == 4
+    plain = extract_features(shapes["validation"], tiny_vit, tmp_path / "plain")
+    assert list(plain) == ["validation"]
+    with pytest.raises(ValueError, match="Split 'dev' is not in the dataset"):
+        extract_features(shapes, tiny_vit, tmp_path / "bad", split="dev")
+
+
+def test_resume_after_interruption_computes_only_missing_shards(shapes, tiny_vit, tmp_path, monkeypatch):
+    original = features_module._extract_shard
+    calls = []
+    crash_at_call = [3]
+
+    def crash_on_third_shard(dataset, start, stop, *args):
+        calls.append((dataset.split, start))
+        if len(calls) == crash_at_call[0]:
+            raise SimulatedInterruption  # the process is stopped in the middle of the third shard
+        return original(dataset, start, stop, *args)
+
+    monkeypatch.setattr(features_module, "_extract_shard", crash_on_third_shard)
+    output_dir = tmp_path / "resumed"
+    with pytest.raises(SimulatedInterruption):
+        extract_features(shapes, tiny_vit, output_dir, batch_size=2, shard_size=5)
+    finished = sorted(path.name for path in (output_dir / "shards" / "train").iterdir())
+    assert finished == ["shard-00000.npy", "shard-00001.npy"]  # no partial shard left behind
+    assert not (output_dir / "dataset").exists()
+    # a temporary file left by a killed process is never mistaken for a shard
+    (output_dir / "shards" / "train" / ".shard-00002.npy.tmp-killed").write_bytes(b"partial")
+
+    calls.clear()
+    crash_at_call[0] = None
+    resumed = extract_features(shapes, tiny_vit, output_dir, batch_size=2, shard_size=5)
+    # train has shards at rows 0, 5, 10; only the third is recomputed, plus validation and test
+    assert calls == [("train", 10), ("validation", 0), ("test", 0)]
+
+    monkeypatch.setattr(features_module, "_extract_shard", original)
+    uninterrupted = extract_features(shapes, tiny_vit, tmp_path / "straight", batch_size=2, shard_size=5)
+    for split in uninterrupted:
+        np.testing.assert_allclose(
+            np.asarray(resumed[split]["image_features"]), np.asarray(uninterrupted[split]["image_features"]), atol=1e-6
+        )
+
+    calls.clear()
+    monkeypatch.setattr(features_module, "_extract_shard", crash_on_third_shard)
+    extract_features(shapes, tiny_vit, output_dir, batch_size=2, shard_size=5)
+    assert calls == []  # everything done: nothing is recomputed
+
+
+def test_rerun_with_other_settings_is_refused(shapes, tiny_vit, tmp_path):
+    extract_features(shapes, tiny_vit, tmp_path, split="test")
+    with pytest.raises(ValueError, match="shard_size=1024.*not 7"):
+        extract_features(shapes, tiny_vit, tmp_path, split="test", shard_size=7)
+    other_test = datasets.DatasetDict({"test": shapes["validation"]})
+    with pytest.raises(ValueError, match="different 'test' split"):
+        extract_features(other_test, tiny_vit, tmp_path)
+
+
+def test_pooling_rules():
+    class Output:
+        def __init__(self, pooler_output=None, last_hidden_state=None):
+            self.pooler_output = pooler_output
+            self.last_hidden_state = last_hidden_state
+
+    tokens = torch.arange(24.0).reshape(2, 3, 4)
+    assert torch.equal(pool_image_features(Output(last_hidden_state=tokens)), tokens.mean(dim=1))
+    feature_map = torch.arange(32.0).reshape(2, 4, 2, 2)
+    assert torch.equal(pool_image_features(Output(last_hidden_state=feature_map)), feature_map.mean(dim=(2, 3)))
+    pooled = torch.ones(2, 5, 1, 1)
+    assert pool_image_features(Output(pooler_output=pooled, last_hidden_state=tokens)).shape == (2, 5)
+    assert pool_image_features(torch.ones(2, 7)).shape == (2, 7)
+    with pytest.raises(ValueError, match="neither `pooler_output` nor `last_hidden_state`"):
+        pool_image_features(Output())
+
+
+def test_command_line(shapes, tiny_vit, tmp_path, capsys):
+    saved = tmp_path / "saved"
+    shapes.save_to_disk(str(saved))
+    parser = configure_extract_features_parser(argparse.ArgumentParser())
+    args = parser.parse_args(
+        ["--dataset", str(saved), "--model", tiny_vit, "--output-dir", str(tmp_path / "cli"), "--batch-size", "8"]
+    )
+    result = run_extract_features(args)
+    assert result["train"].num_rows == 13 and len(result["train"][0]["image_features"]) == 16
+    assert "image_features" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="neither `shapes` nor a folder"):
+        run_extract_features(parser.parse_args(["--dataset", "nowhere", "--model", "m", "--output-dir", "o"]))

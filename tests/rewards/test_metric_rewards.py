@@ -1,0 +1,172 @@
+"""Metric rewards: per-caption values equal to the metric modules and to pycocoevalcap, bad input, SPIDEr."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+from pycocoevalcap.rouge.rouge import Rouge
+
+from rlcaption.metrics import spice
+from rlcaption.metrics.cider import DocumentFrequencies, compute_cider_d
+from rlcaption.metrics.java import check_java
+from rlcaption.metrics.tokenization import normalize_caption
+from rlcaption.rewards import CiderReward, SpiderReward, get_reward
+
+FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
+
+
+def _java_problem() -> str | None:
+    try:
+        check_java(8)
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+@pytest.fixture(scope="module")
+def fakecap_rows():
+    """(completions, references, image_ids) of the toolkit's example, raw (untokenized) captions."""
+    ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
+    results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())
+    references: dict[int, list[str]] = {}
+    for annotation in ground_truth["annotations"]:
+        references.setdefault(annotation["image_id"], []).append(annotation["caption"])
+    image_ids = [result["image_id"] for result in results]
+    return [result["caption"] for result in results], [references[i] for i in image_ids], image_ids
+
+
+def tokenized(completions, references):
+    predictions = {row: normalize_caption(caption) for row, caption in enumerate(completions)}
+    refs = {
+        row: [normalize_caption(reference) for reference in image_refs] for row, image_refs in enumerate(references)
+    }
+    return predictions, refs
+
+
+def test_cider_reward_equals_compute_cider_d_with_training_document_frequencies(fakecap_rows, tmp_path):
+    completions, references, image_ids = fakecap_rows
+    training_corpus = references[:700]
+    reward = get_reward("cider", document_frequencies=training_corpus)
+    values = reward(completions=completions[500:], references=references[500:], image_id=image_ids[500:])
+    predictions, tokenized_refs = tokenized(completions[500:], references[500:])
+    document_frequencies = DocumentFrequencies.from_references(
+        [[normalize_caption(reference) for reference in refs] for refs in training_corpus]
+    )
+    _, per_image = compute_cider_d(predictions, tokenized_refs, document_frequencies)
+    np.testing.assert_allclose(values, [per_image[row] for row in range(len(values))], rtol=0, atol=1e-9)
+    # cached references (second call), a saved file and tensor image ids give the same values
+    assert values == reward(completions=completions[500:], references=references[500:], image_id=image_ids[500:])
+    document_frequencies.save(tmp_path / "df.json")
+    from_file = get_reward("cider", document_frequencies=str(tmp_path / "df.json"))
+    np.testing.assert_allclose(
+        from_file(completions=completions[500:], references=references[500:], image_id=torch.tensor(image_ids[500:])),
+        values,
+        rtol=0,
+        atol=1e-12,
+    )
+    # no image_id: cached by the reference tuple
+    np.testing.assert_allclose(
+        reward(completions=completions[500:], references=references[500:]), values, rtol=0, atol=1e-12
+    )
+
+
+def test_cider_reward_without_document_frequencies_equals_pycocoevalcap_on_the_batch(fakecap_rows):
+    completions, references, _ = fakecap_rows
+    values = get_reward("cider")(completions=completions[:200], references=references[:200])
+    predictions, tokenized_refs = tokenized(completions[:200], references[:200])
+    _, theirs = Cider().compute_score(tokenized_refs, {row: [caption] for row, caption in predictions.items()})
+    np.testing.assert_allclose(values, theirs, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [4, 2])
+def test_bleu_reward_equals_pycocoevalcap_per_image(fakecap_rows, n):
+    completions, references, _ = fakecap_rows
+    values = get_reward("bleu", n=n)(completions=completions[:150], references=references[:150])
+    predictions, tokenized_refs = tokenized(completions[:150], references[:150])
+    _, theirs = Bleu(4).compute_score(
+        tokenized_refs, {row: [caption] for row, caption in predictions.items()}, verbose=0
+    )
+    np.testing.assert_allclose(values, theirs[n - 1], rtol=0, atol=1e-9)
+
+
+def test_rouge_reward_equals_pycocoevalcap_per_image(fakecap_rows):
+    completions, references, _ = fakecap_rows
+    values = get_reward("rouge")(completions=completions[:150], references=references[:150])
+    predictions, tokenized_refs = tokenized(completions[:150], references[:150])
+    _, theirs = Rouge().compute_score(tokenized_refs, {row: [caption] for row, caption in predictions.items()})
+    np.testing.assert_allclose(values, theirs, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["cider", "bleu", "rouge"])
+def test_empty_and_punctuation_only_completions_score_zero(name):
+    references = [["A dog on a couch.", "a dog lying on a sofa"]] * 3
+    # a training corpus where the dog n-grams are rare enough to carry weight
+    kwargs = {"document_frequencies": references[:1] + [["a cat on a mat"]]} if name == "cider" else {}
+    values = get_reward(name, **kwargs)(completions=["", " ... !", "a dog on a sofa"], references=references)
+    assert values[:2] == [0.0, 0.0] and values[2] > 0
+
+
+@pytest.mark.parametrize("name", ["cider", "bleu", "rouge"])
+def test_bad_inputs_raise_clear_errors(name):
+    reward = get_reward(name)
+    with pytest.raises(ValueError, match="image_id 77 has no references"):
+        reward(completions=["a dog", "a cat"], references=[["a dog"], []], image_id=[76, 77])
+    with pytest.raises(ValueError, match="2 completions but 1 reference"):
+        reward(completions=["a dog", "a cat"], references=[["a dog"]])
+    with pytest.raises(ValueError, match="needs `references`"):
+        reward(completions=["a dog"])
+    with pytest.raises(ValueError, match="'image_id' has 1 values for 2"):
+        reward(completions=["a dog", "a cat"], references=[["a dog"], ["a cat"]], image_id=[1])
+
+
+def test_conversational_completions_long_and_non_ascii_captions():
+    references = [["Ein Hund liegt auf dem Sofa.", "a dog on a sofa"], ["a cat", "a cat on a mat"]]
+    reward = CiderReward(document_frequencies=references)
+    plain = reward(completions=["ein hund über dem sofa", " ".join(["cat"] * 1000)], references=references)
+    chat = reward(
+        completions=[
+            [{"role": "assistant", "content": "ein hund über dem sofa"}],
+            [{"role": "assistant", "content": " ".join(["cat"] * 1000)}],
+        ],
+        references=references,
+    )
+    assert plain == chat and all(np.isfinite(plain)) and plain[0] > 0
+    assert plain[1] < 1e-6  # the Gaussian length penalty crushes a 1,000-word caption
+
+
+def test_spider_is_the_mean_of_cider_and_spice(monkeypatch, fakecap_rows):
+    completions, references, image_ids = fakecap_rows
+    fake_spice = {row: 0.1 * (row % 5) for row in range(20)}
+    monkeypatch.setattr(spice, "compute_spice", lambda predictions, refs: (0.0, fake_spice))
+    spider = SpiderReward(document_frequencies=references)
+    cider = CiderReward(document_frequencies=references)
+    inputs = {"completions": completions[:20], "references": references[:20], "image_id": image_ids[:20]}
+    expected = (np.array(cider(**inputs)) + np.array([fake_spice[row] for row in range(20)])) / 2
+    np.testing.assert_allclose(spider(**inputs), expected, rtol=0, atol=1e-12)
+
+
+def test_spider_raises_the_spice_error_instead_of_substituting(monkeypatch):
+    def spice_cannot_run(predictions, references):
+        raise RuntimeError("SPICE needs Stanford CoreNLP 3.6.0 jars; run `rlcaption download-spice`")
+
+    monkeypatch.setattr(spice, "compute_spice", spice_cannot_run)
+    reward = get_reward("spider", document_frequencies=[["a dog on a sofa"]])
+    with pytest.raises(RuntimeError, match="download-spice"):
+        reward(completions=["a dog"], references=[["a dog on a sofa"]])
+
+
+@pytest.mark.slow  # starts a METEOR JVM (5-20 s)
+@pytest.mark.java
+@pytest.mark.skipif(_java_problem() is not None, reason=f"METEOR 1.5 needs Java >= 8: {_java_problem()}")
+def test_meteor_reward_equals_compute_meteor(fakecap_rows):
+    from rlcaption.metrics.meteor import compute_meteor
+
+    completions, references, _ = fakecap_rows
+    values = get_reward("meteor")(completions=completions[:30] + [""], references=references[:31])
+    _, theirs = compute_meteor(*tokenized(completions[:30], references[:30]))
+    np.testing.assert_allclose(values[:30], [theirs[row] for row in range(30)], rtol=0, atol=1e-9)
+    assert values[30] == 0.0

@@ -1,0 +1,72 @@
+"""RewardMix: weighted totals, per-reward logging names, user callables, non-finite values."""
+
+import functools
+import math
+
+import numpy as np
+import pytest
+
+from rlcaption.rewards import RewardMix, get_reward, reward_name
+
+REFERENCES = [["a dog on a sofa", "a brown dog lying on a couch"], ["a cat on a mat", "a grey cat"]]
+COMPLETIONS = ["a dog on a couch", "a cat"]
+
+
+def caption_length(*, completions, references, **columns):
+    return [float(len(completion.split())) for completion in completions]
+
+
+def test_weighted_total_and_components():
+    bleu = get_reward("bleu")
+    mix = RewardMix(["rouge", bleu, caption_length], weights=[1.0, 2.0, -0.5])
+    total, components = mix.score(completions=COMPLETIONS, references=REFERENCES, image_id=[1, 2])
+    assert list(components) == ["rouge_l", "bleu_4", "caption_length"]
+    rouge_values = get_reward("rouge")(completions=COMPLETIONS, references=REFERENCES)
+    np.testing.assert_allclose(components["rouge_l"], rouge_values)
+    np.testing.assert_allclose(components["caption_length"], [5.0, 2.0])
+    expected = components["rouge_l"] + 2.0 * components["bleu_4"] - 0.5 * components["caption_length"]
+    np.testing.assert_allclose(total, expected, rtol=0, atol=1e-12)
+    assert mix(completions=COMPLETIONS, references=REFERENCES) == pytest.approx(expected.tolist())
+
+
+def test_default_weights_and_duplicate_names():
+    mix = RewardMix([caption_length, caption_length])
+    assert mix.names == ["caption_length", "caption_length_2"]
+    total, _ = mix.score(completions=COMPLETIONS, references=REFERENCES)
+    np.testing.assert_allclose(total, [10.0, 4.0])
+
+
+@pytest.mark.parametrize("bad_value", [math.nan, math.inf, -math.inf, None])
+def test_non_finite_reward_is_named(bad_value):
+    def flaky(*, completions, references, **columns):
+        return [1.0, bad_value]
+
+    with pytest.raises(ValueError, match="'flaky'"):
+        RewardMix([caption_length, flaky]).score(completions=COMPLETIONS, references=REFERENCES)
+
+
+def test_wrong_number_of_values_and_bad_configuration():
+    with pytest.raises(ValueError, match="'short' returned 1 values for 2"):
+
+        def short(*, completions, references, **columns):
+            return [1.0]
+
+        RewardMix([short]).score(completions=COMPLETIONS, references=REFERENCES)
+    with pytest.raises(ValueError, match="2 weights for 1"):
+        RewardMix([caption_length], weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="at least one"):
+        RewardMix([])
+    with pytest.raises(ValueError, match="Unknown reward"):
+        RewardMix(["nope"])
+
+
+def test_reward_names():
+    assert reward_name(caption_length) == "caption_length"
+    assert reward_name(functools.partial(caption_length)) == "caption_length"
+    assert reward_name(get_reward("cider")) == "cider"
+
+    class Scorer:
+        def __call__(self, *, completions, references, **columns):
+            return [0.0] * len(completions)
+
+    assert reward_name(Scorer()) == "Scorer"

@@ -1,14 +1,18 @@
 """Datasets: the embedded synthetic shapes dataset, COCO / Flickr loaders, image handling, feature extraction."""
 
 from .coco import load_caption_imagefolder, load_coco, load_karpathy
+from .collator import CaptionCollator
 from .features import extract_features
 from .images import check_image_files, convert_to_rgb, open_image
+from .loading import load_caption_dataset
 from .shapes import load_shapes
 
 __all__ = [
+    "CaptionCollator",
     "check_image_files",
     "convert_to_rgb",
     "extract_features",
+    "load_caption_dataset",
     "load_caption_imagefolder",
     "load_coco",
     "load_karpathy",

@@ -1,0 +1,70 @@
+import pytest
+import torch
+from transformers import ResNetConfig, ViTConfig
+
+from rlcaption.models.encoders import (
+    BackboneImageEncoder,
+    ConvImageEncoder,
+    PrecomputedFeatureEncoder,
+    build_image_encoder,
+)
+from rlcaption.models.show_tell_rl import ShowTellRLConfig
+
+
+def test_cnn_output_size_keeps_the_spatial_layout():
+    encoder = ConvImageEncoder(image_size=32, num_channels=3, channels=[4, 6, 8])
+    features = encoder(torch.randn(2, 3, 32, 32))
+    assert features.shape == (2, encoder.output_size) == (2, 8 * 4 * 4)
+
+
+def test_cnn_features_depend_on_where_things_are():
+    torch.manual_seed(0)
+    encoder = ConvImageEncoder(image_size=16, num_channels=3, channels=[4, 4])
+    left, right = torch.zeros(1, 3, 16, 16), torch.zeros(1, 3, 16, 16)
+    left[..., 4:8, 0:4] = 1.0
+    right[..., 4:8, 12:16] = 1.0
+    # a globally pooled encoder would give (nearly) the same vector for a shape moved left or right
+    assert not torch.allclose(encoder(left), encoder(right))
+
+
+def test_cnn_rejects_the_wrong_image_size():
+    encoder = ConvImageEncoder(image_size=16, num_channels=3, channels=[4])
+    with pytest.raises(ValueError, match="16x16"):
+        encoder(torch.randn(1, 3, 32, 32))
+
+
+@pytest.mark.parametrize(
+    "backbone_config, expected_size",
+    [
+        (
+            ViTConfig(
+                image_size=16,
+                patch_size=8,
+                hidden_size=24,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+            ),
+            24,
+        ),  # fmt: skip
+        (ResNetConfig(embedding_size=8, hidden_sizes=[8, 12], depths=[1, 1], num_channels=3), 12),
+    ],
+)
+def test_backbone_pooled_output(backbone_config, expected_size):
+    encoder = BackboneImageEncoder(backbone_config.to_dict(), freeze=False)
+    assert encoder.output_size == expected_size
+    assert encoder(torch.randn(2, 3, 16, 16)).shape == (2, expected_size)
+
+
+def test_frozen_backbone_has_no_trainable_parameters_and_stays_in_eval_mode():
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8], depths=[1], num_channels=3)
+    encoder = BackboneImageEncoder(config.to_dict(), freeze=True).train()
+    assert not any(p.requires_grad for p in encoder.parameters())
+    assert not encoder.backbone.training
+
+
+def test_build_image_encoder_follows_the_config():
+    features = build_image_encoder(ShowTellRLConfig(encoder_type="features", image_feature_size=7))
+    assert isinstance(features, PrecomputedFeatureEncoder) and features.output_size == 7
+    cnn = build_image_encoder(ShowTellRLConfig(image_size=32, cnn_channels=[4, 4]))
+    assert isinstance(cnn, ConvImageEncoder) and cnn.output_size == 4 * 8 * 8

@@ -1,6 +1,8 @@
 import argparse
+import shutil
 
 import datasets
+import huggingface_hub
 import numpy as np
 import pytest
 import torch
@@ -154,3 +156,17 @@ def test_command_line(shapes, tiny_vit, tmp_path, capsys):
     assert "image_features" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="neither `shapes` nor a folder"):
         run_extract_features(parser.parse_args(["--dataset", "nowhere", "--model", "m", "--output-dir", "o"]))
+
+
+def test_backbone_by_hub_id_from_a_local_hub_cache(shapes, tiny_vit, tmp_path, monkeypatch):
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo_cache = tmp_path / "hub" / "models--rlcaption-tests--tiny-vit"
+    shutil.copytree(tiny_vit, repo_cache / "snapshots" / revision)
+    (repo_cache / "refs").mkdir()
+    (repo_cache / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    result = extract_features(shapes, "rlcaption-tests/tiny-vit", tmp_path / "out", split="test")
+    np.testing.assert_allclose(
+        np.asarray(result["test"]["image_features"]), _reference_features(shapes["test"], tiny_vit), atol=1e-5
+    )

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcaption.metrics import meteor as meteor_module
 from rlcaption.metrics.java import check_java
 from rlcaption.metrics.meteor import (
     MeteorScorer,
@@ -93,8 +94,6 @@ class TestMeteorAgainstPycocoevalcap:
 
     def test_repeated_calls_reuse_one_process_and_agree(self):
         first = compute_meteor(PREDICTIONS, REFERENCES)
-        from rlcaption.metrics import meteor as meteor_module
-
         process = meteor_module._get_shared_scorer().process
         second = compute_meteor({1: PREDICTIONS[1]}, {1: REFERENCES[1]})
         assert meteor_module._get_shared_scorer().process is process
@@ -149,18 +148,26 @@ class TestMeteorAgainstPycocoevalcap:
 @pytest.mark.java
 @requires_java
 def test_killed_process_is_restarted_on_next_call():
+    expected = compute_meteor(PREDICTIONS, REFERENCES)
+    scorer = meteor_module._get_shared_scorer()
+    dead = scorer.process
+    dead.kill()
+    dead.wait()
+    assert compute_meteor(PREDICTIONS, REFERENCES) == expected
+    assert scorer.process is not dead and scorer.process.poll() is None
+    running = scorer.process
+    scorer.close()
+    assert scorer.process is None and running.poll() is not None
+
+
+def test_scorer_starts_lazily_and_closing_an_unstarted_scorer_is_a_no_op():
     scorer = MeteorScorer()
-    try:
-        expected = scorer.score(PREDICTIONS, REFERENCES)
-        dead = scorer.process
-        dead.kill()
-        dead.wait()
-        assert scorer.score(PREDICTIONS, REFERENCES) == expected
-        assert scorer.process is not dead and scorer.process.poll() is None
-    finally:
-        scorer.close()
     assert scorer.process is None
-    assert dead.poll() is not None
+    with pytest.raises(ValueError):
+        scorer.score({}, {})  # rejected before any process starts
+    assert scorer.process is None
+    scorer.close()
+    assert scorer.process is None
 
 
 def test_sanitizers_match_pycocoevalcap_on_hypotheses_and_keep_references_whole():

@@ -154,6 +154,9 @@ def test_padding_leaves_the_state_unchanged(padding_side):
         valid_logits = out.logits[0, 2:]
     alone = model(short, pixel_values=pixels[:1])
     torch.testing.assert_close(valid_logits, alone.logits[0])
+    # without a cache to return (training), right padding takes the single-call path: same scored logits
+    no_cache = model(padded, pixel_values=pixels, attention_mask=mask, use_cache=False).logits[0]
+    torch.testing.assert_close(no_cache[:4] if padding_side == "right" else no_cache[2:], alone.logits[0])
     torch.testing.assert_close(out.past_key_values.hidden[:, :1], alone.past_key_values.hidden)
     torch.testing.assert_close(out.past_key_values.cell[:, :1], alone.past_key_values.cell)
     # the unpadded row is untouched by the other row's padding

@@ -229,11 +229,16 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         return torch.stack(hiddens, dim=2), torch.stack(cells, dim=2)  # (L, B, T, H) each
 
     def _run_lstm(
-        self, inputs: torch.FloatTensor, state: tuple[torch.Tensor, torch.Tensor], step_mask: torch.Tensor | None
+        self,
+        inputs: torch.FloatTensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        step_mask: torch.Tensor | None,
+        need_final_state: bool,
     ) -> tuple[torch.FloatTensor, tuple[torch.Tensor, torch.Tensor]]:
         """LSTM over `inputs` `(B, T, W)` from `state`; padding (`step_mask` False) leaves the state unchanged.
 
-        Returns the top-layer output `(B, T, H)` (at padding: the carried state) and the final `(hidden, cell)`.
+        Returns the top-layer output `(B, T, H)` and the final `(hidden, cell)`. Outputs at padding positions are
+        meaningless (they are never scored); every other output is exact.
         """
         if step_mask is None or bool(step_mask.all()):
             outputs, final_state = self.lstm(inputs, state)
@@ -241,12 +246,15 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         lengths = step_mask.sum(dim=1)
         positions = torch.arange(inputs.shape[1], device=inputs.device)
         is_right_padded = bool((step_mask == (positions[None, :] < lengths[:, None])).all())
+        if is_right_padded and not need_final_state:
+            # teacher forcing: right padding comes after every scored position, so one plain call is exact there
+            outputs, final_state = self.lstm(inputs, state)
+            return outputs, final_state
         if is_right_padded and bool((lengths > 0).all()):
             # the usual teacher-forcing batch: one packed LSTM call instead of a Python loop
             packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
             packed_outputs, (hidden, cell) = self.lstm(packed, state)
             outputs, _ = pad_packed_sequence(packed_outputs, batch_first=True, total_length=inputs.shape[1])
-            outputs = torch.where(step_mask[..., None], outputs, hidden[-1][:, None, :])
             return outputs, (hidden, cell)
         hiddens, cells = self._run_lstm_stepwise(inputs, state, step_mask)  # left padding or holes
         return hiddens[-1], (hiddens[:, :, -1], cells[:, :, -1])
@@ -291,8 +299,9 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Causal-LM targets: `logits[:, t]` is scored against `labels[:, t + 1]`; -100 and `pad_token_id`
                 are ignored. Usually `labels = input_ids`.
-            use_cache (`bool`, *optional*, defaults to `True`):
-                Return the final state as `past_key_values`.
+            use_cache (`bool`, *optional*):
+                Return the final state as `past_key_values`. Defaults to True in eval mode and False in training
+                mode, where the state is not needed and right-padded batches take a faster path.
             output_hidden_states (`bool`, *optional*):
                 Return the top-layer LSTM outputs `(batch_size, sequence_length, hidden_size)`.
             return_dict (`bool`, *optional*):
@@ -300,7 +309,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         """
         if input_ids is None:
             raise ValueError("ShowTellRL.forward needs input_ids (start captions with the <bos> token id).")
-        use_cache = True if use_cache is None else use_cache
+        use_cache = not self.training if use_cache is None else use_cache
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
@@ -311,7 +320,9 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         # 2. LSTM over the words
         step_mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :].bool()
         word_embeddings = self.word_embeddings(input_ids)  # (B, T, W)
-        outputs, (hidden, cell) = self._run_lstm(word_embeddings, (state.hidden, state.cell), step_mask)
+        outputs, (hidden, cell) = self._run_lstm(
+            word_embeddings, (state.hidden, state.cell), step_mask, need_final_state=use_cache
+        )
         # 3. vocabulary scores
         logits = self._vocabulary_scores(outputs)  # (B, T, V)
 

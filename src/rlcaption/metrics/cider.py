@@ -59,6 +59,11 @@ def ngram_counts(words: Sequence[str], max_n: int = 4) -> Counter[tuple[str, ...
     return Counter(ngrams)
 
 
+def _grouped_sum(groups: np.ndarray, values: np.ndarray, num_groups: int) -> np.ndarray:
+    """Sum of `values` per group id in `range(num_groups)`: `(num_groups,)` float64 (also when there are none)."""
+    return np.bincount(groups, weights=values, minlength=num_groups).astype(np.float64, copy=False)
+
+
 def _as_reference_list(references: Sequence[str]) -> Sequence[str]:
     if isinstance(references, str):
         raise ValueError(
@@ -249,6 +254,159 @@ class _ReferenceVectors:
     lengths: np.ndarray
 
 
+class _NgramVocabulary:
+    """Integer ids of n-grams, looked up one caption at a time (references) or a whole batch at once (candidates).
+
+    Corpus n-grams have their position in `DocumentFrequencies.index` as id; n-grams of cached references that the
+    corpus lacks get ids after those. An n-gram of order n > 1 is also identified by the pair (id of its first n - 1
+    words, id of its last word): every prefix of a known n-gram is known (it occurs in the same image), so a batch of
+    candidates needs one dict lookup per word and one `searchsorted` per order over sorted pair keys.
+    """
+
+    def __init__(self, document_frequencies: DocumentFrequencies):
+        self.max_n = document_frequencies.max_n
+        self.corpus_index = document_frequencies.index
+        self.extra_index: dict[tuple[str, ...], int] = {}
+        # word -> id of its unigram
+        self.word_ids: dict[str, int] = {ngram[0]: id_ for ngram, id_ in self.corpus_index.items() if len(ngram) == 1}
+        pair_keys: dict[int, list[int]] = {order: [] for order in range(2, self.max_n + 1)}
+        pair_ids: dict[int, list[int]] = {order: [] for order in range(2, self.max_n + 1)}
+        for ngram, ngram_id in self.corpus_index.items():
+            if 1 < len(ngram) <= self.max_n:
+                prefix_id = self.corpus_index.get(ngram[:-1])
+                last_id = self.word_ids.get(ngram[-1])
+                if prefix_id is None or last_id is None:
+                    raise ValueError(
+                        f"The document frequencies contain {ngram!r} but not its parts; counts of real captions "
+                        "always contain every prefix and word of an n-gram. Rebuild them with "
+                        "`DocumentFrequencies.from_references`."
+                    )
+                pair_keys[len(ngram)].append(prefix_id * _KEY_STRIDE + last_id)
+                pair_ids[len(ngram)].append(ngram_id)
+        self.sorted_pair_keys: dict[int, np.ndarray] = {}
+        self.sorted_pair_ids: dict[int, np.ndarray] = {}
+        for order in pair_keys:
+            keys = np.asarray(pair_keys[order], dtype=np.int64)
+            ids = np.asarray(pair_ids[order], dtype=np.int64)
+            by_key = np.argsort(keys, kind="stable")
+            self.sorted_pair_keys[order], self.sorted_pair_ids[order] = keys[by_key], ids[by_key]
+        # pairs of n-grams added after construction (cached references): too few and too late for the sorted arrays
+        self.extra_pair_ids: dict[int, dict[int, int]] = {order: {} for order in pair_keys}
+
+    @property
+    def num_corpus_ngrams(self) -> int:
+        return len(self.corpus_index)
+
+    def ids_of(self, ngrams: list[tuple[str, ...]], assign: bool) -> list[int]:
+        """Id of each n-gram (`ngrams` lists every prefix before the n-grams extending it, as `ngram_counts` does);
+        unseen ones get a new id when `assign`, else -1."""
+        corpus_get = self.corpus_index.get
+        ids = [corpus_get(ngram, -1) for ngram in ngrams]
+        if -1 in ids:
+            for position, ngram in enumerate(ngrams):
+                if ids[position] == -1:
+                    ngram_id = self.extra_index.get(ngram)
+                    if ngram_id is None and assign:
+                        ngram_id = self._add(ngram)
+                    ids[position] = -1 if ngram_id is None else ngram_id
+        return ids
+
+    def _add(self, ngram: tuple[str, ...]) -> int:
+        ngram_id = self.num_corpus_ngrams + len(self.extra_index)
+        self.extra_index[ngram] = ngram_id
+        if len(ngram) == 1:
+            self.word_ids[ngram[0]] = ngram_id
+        else:
+            prefix = ngram[:-1]
+            prefix_id = self.corpus_index.get(prefix, self.extra_index.get(prefix))
+            self.extra_pair_ids[len(ngram)][prefix_id * _KEY_STRIDE + self.word_ids[ngram[-1]]] = ngram_id
+        return ngram_id
+
+    def _pair_lookup(self, order: int, keys: np.ndarray) -> np.ndarray:
+        """Ids of the n-grams of `order` with the given (prefix id, last word id) keys, -1 where unknown."""
+        table = self.sorted_pair_keys[order]
+        ids = np.full(len(keys), -1, dtype=np.int64)
+        if len(table) and len(keys):
+            positions = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+            found = table[positions] == keys
+            ids[found] = self.sorted_pair_ids[order][positions[found]]
+        extra = self.extra_pair_ids[order]
+        if extra:
+            missing = np.flatnonzero(ids < 0)
+            ids[missing] = [extra.get(key, -1) for key in keys[missing].tolist()]
+        return ids
+
+    def count_batch(self, word_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, ...]:
+        """Term frequencies of the n-grams of a batch of token lists, without Python work per n-gram.
+
+        Returns:
+            `(rows, orders, ids, counts)` of the known n-grams (one entry per distinct n-gram and row), then
+            `(unknown_rows, unknown_orders, unknown_counts)` of the n-grams no corpus image or cached reference has
+            (their ids would never match a reference; only their counts matter, for the candidate's norm).
+        """
+        max_n = self.max_n
+        lengths = np.fromiter(map(len, word_lists), dtype=np.int64, count=len(word_lists))
+        words = list(chain.from_iterable(word_lists))
+        word_get = self.word_ids.get
+        tokens = [word_get(word) for word in words]
+        if None in tokens:
+            # unseen words get distinct negative ids (-2, -3, ...) so that repeated unknown n-grams still count up
+            unseen: dict[str, int] = {}
+            tokens = [
+                -2 - unseen.setdefault(word, len(unseen)) if token is None else token
+                for token, word in zip(tokens, words, strict=True)
+            ]
+        tokens = np.asarray(tokens, dtype=np.int64)  # (num_words,)
+        num_words = len(tokens)
+        positions = np.arange(num_words)
+        row_of_word = np.repeat(np.arange(len(word_lists)), lengths)
+        row_end = np.repeat(np.cumsum(lengths), lengths)
+
+        # ids of the n-gram starting at each word, order by order from its prefix's id; -1 when unknown
+        starts_per_order, ids_per_order = [positions], [np.where(tokens >= 0, tokens, -1)]
+        previous_ids = ids_per_order[0]
+        for order in range(2, max_n + 1):
+            starts = positions[positions + order - 1 < row_end]
+            prefix_ids, last_tokens = previous_ids[starts], tokens[starts + order - 1]
+            ids = np.full(len(starts), -1, dtype=np.int64)
+            lookup = (prefix_ids >= 0) & (last_tokens >= 0)
+            ids[lookup] = self._pair_lookup(order, prefix_ids[lookup] * _KEY_STRIDE + last_tokens[lookup])
+            starts_per_order.append(starts)
+            ids_per_order.append(ids)
+            previous_ids = np.full(num_words, -1, dtype=np.int64)
+            previous_ids[starts] = ids
+        starts = np.concatenate(starts_per_order)
+        ids = np.concatenate(ids_per_order)
+        orders = np.repeat(np.arange(max_n), [len(order_starts) for order_starts in starts_per_order])
+        rows = row_of_word[starts]
+
+        # known n-grams: count repeats of (row, id)
+        known = ids >= 0
+        unique_keys, first, counts = np.unique(
+            rows[known] * _KEY_STRIDE + ids[known], return_index=True, return_counts=True
+        )
+        known_rows, known_ids = unique_keys // _KEY_STRIDE, unique_keys % _KEY_STRIDE
+        known_orders = orders[known][first]
+
+        # unknown n-grams: count repeats of (row, order, word ids); -1 pads the words after the n-gram's end
+        unknown = np.flatnonzero(~known)
+        columns = [rows[unknown], orders[unknown]]
+        for offset in range(max_n):
+            inside = orders[unknown] >= offset
+            word_index = np.where(inside, starts[unknown] + offset, 0)
+            columns.append(np.where(inside, tokens[word_index] if num_words else 0, -1))
+        unknown_ngrams, unknown_counts = np.unique(np.stack(columns, axis=1), axis=0, return_counts=True)
+        return (
+            known_rows,
+            known_orders,
+            known_ids,
+            counts,
+            unknown_ngrams[:, 0],
+            unknown_ngrams[:, 1],
+            unknown_counts,
+        )
+
+
 class CiderD:
     """Vectorized CIDEr-D scorer with fixed document frequencies and a per-image cache of reference vectors.
 
@@ -280,11 +438,10 @@ class CiderD:
         self.max_cached_images = max_cached_images
         self.max_n = document_frequencies.max_n
         self._log_num_documents = document_frequencies.log_num_documents
-        self._corpus_ngram_index = document_frequencies.index
         self._corpus_idf = document_frequencies.idf()
         # reference n-grams absent from the corpus get ids after the corpus's; their df is 0, so their IDF is
         # log(num_documents), like any unseen n-gram
-        self._extra_ngram_index: dict[tuple[str, ...], int] = {}
+        self._vocabulary = _NgramVocabulary(document_frequencies)
         self._cache: OrderedDict[Hashable, _ReferenceVectors] = OrderedDict()
 
     def clear_cache(self) -> None:
@@ -295,28 +452,15 @@ class CiderD:
     def num_cached_images(self) -> int:
         return len(self._cache)
 
-    def _count_ngrams(self, text: str, normalize: bool = True) -> tuple[Counter[tuple[str, ...]], int]:
-        """N-gram counts of one caption and its length as the COCO code measures it (its number of bigrams)."""
+    def _words(self, text: str, normalize: bool = True) -> list[str]:
         if not isinstance(text, str):
             raise ValueError(f"Expected a caption string, got {type(text).__name__} {text!r}.")
-        words = (self.text_normalizer(text) if normalize and self.text_normalizer is not None else text).split()
-        return ngram_counts(words, self.max_n), max(len(words) - 1, 0)
+        return (self.text_normalizer(text) if normalize and self.text_normalizer is not None else text).split()
 
-    def _ngram_ids(self, ngrams: Iterable[tuple[str, ...]], assign: bool) -> list[int]:
-        """Integer id of each n-gram; unseen ones get a new id when `assign`, else -1."""
-        corpus_get = self._corpus_ngram_index.get
-        ids = [corpus_get(ngram, -1) for ngram in ngrams]
-        if -1 in ids:
-            extra_index = self._extra_ngram_index
-            for position, ngram in enumerate(ngrams):
-                if ids[position] != -1:
-                    continue
-                ngram_id = extra_index.get(ngram)
-                if ngram_id is None and assign:
-                    ngram_id = len(self._corpus_ngram_index) + len(extra_index)
-                    extra_index[ngram] = ngram_id
-                ids[position] = -1 if ngram_id is None else ngram_id
-        return ids
+    def _count_ngrams(self, text: str) -> tuple[Counter[tuple[str, ...]], int]:
+        """N-gram counts of one caption and its length as the COCO code measures it (its number of bigrams)."""
+        words = self._words(text)
+        return ngram_counts(words, self.max_n), max(len(words) - 1, 0)
 
     def _idf_of(self, ngram_ids: np.ndarray) -> np.ndarray:
         """IDF of each id; ids outside the corpus (extra reference n-grams, or -1 for unseen) have df 0."""
@@ -346,18 +490,15 @@ class CiderD:
                 ngrams = list(counts)
                 reference_of_entry.extend([len(lengths)] * len(ngrams))
                 orders.extend([len(ngram) - 1 for ngram in ngrams])
-                ids.extend(self._ngram_ids(ngrams, assign=True))
+                ids.extend(self._vocabulary.ids_of(ngrams, assign=True))
                 term_frequencies.extend(counts.values())
                 lengths.append(length)
             first_reference.append(len(lengths))
         reference_of_entry = np.asarray(reference_of_entry, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         weights = np.asarray(term_frequencies, dtype=np.float64) * self._idf_of(ids)
-        norms = np.bincount(
-            reference_of_entry * max_n + np.asarray(orders, dtype=np.int64),
-            weights**2,
-            minlength=len(lengths) * max_n,
-        )
+        orders = np.asarray(orders, dtype=np.int64)
+        norms = _grouped_sum(reference_of_entry * max_n + orders, weights**2, len(lengths) * max_n)
         norms = np.sqrt(norms).reshape(len(lengths), max_n)
 
         # 2. union of n-grams per image: unique (image, id) keys, sorted by image then id
@@ -467,23 +608,19 @@ class CiderD:
         batch_size = len(candidates)
         max_n = self.max_n
 
-        # 2. candidate n-grams as flat arrays: row, order, id (-1 when no reference or corpus has it), term frequency
-        candidate_rows, candidate_orders, candidate_ids, candidate_counts = [], [], [], []
-        candidate_lengths = np.empty(batch_size)
-        for row, candidate in enumerate(candidates):
-            counts, candidate_lengths[row] = self._count_ngrams(candidate, normalize)
-            ngrams = list(counts)
-            candidate_rows.extend([row] * len(ngrams))
-            candidate_orders.extend([len(ngram) - 1 for ngram in ngrams])
-            candidate_ids.extend(self._ngram_ids(ngrams, assign=False))
-            candidate_counts.extend(counts.values())
-        rows = np.asarray(candidate_rows, dtype=np.int64)
-        orders = np.asarray(candidate_orders, dtype=np.int64)
-        ids = np.asarray(candidate_ids, dtype=np.int64)
-        candidate_weights = np.asarray(candidate_counts, dtype=np.float64) * self._idf_of(ids)
+        # 2. candidate n-grams: term frequencies of the known ones (row, order, id) and of the unknown ones, whose
+        # IDF is log(num_documents) and which only enter the candidate's norm
+        word_lists = [self._words(candidate, normalize) for candidate in candidates]
+        candidate_lengths = np.array([max(len(words) - 1, 0) for words in word_lists], dtype=np.float64)
+        rows, orders, ids, counts, unknown_rows, unknown_orders, unknown_counts = self._vocabulary.count_batch(
+            word_lists
+        )
+        candidate_weights = counts * self._idf_of(ids)
+        unknown_weights = unknown_counts * self._log_num_documents
         row_orders = rows * max_n + orders
-        candidate_norms = np.sqrt(np.bincount(row_orders, candidate_weights**2, minlength=batch_size * max_n))
-        candidate_norms = candidate_norms.reshape(batch_size, max_n)
+        squared_norms = _grouped_sum(row_orders, candidate_weights**2, batch_size * max_n)
+        squared_norms += _grouped_sum(unknown_rows * max_n + unknown_orders, unknown_weights**2, batch_size * max_n)
+        candidate_norms = np.sqrt(squared_norms).reshape(batch_size, max_n)
 
         # 3. batch reference layout: union n-grams of all rows in one sorted key array, weights padded to the
         # largest reference count (padded references have zero weights and norms, so they add nothing)
@@ -519,13 +656,11 @@ class CiderD:
         matched_row_orders = row_orders[matched]
         similarity = np.stack(
             [
-                np.bincount(matched_row_orders, clipped[:, reference], minlength=batch_size * max_n)
+                _grouped_sum(matched_row_orders, clipped[:, reference], batch_size * max_n)
                 for reference in range(max_references)
             ],
             axis=-1,
-        )
-        # bincount of no entries is an int array: force float so the in-place division below is valid
-        similarity = similarity.astype(np.float64, copy=False).reshape(batch_size, max_n, max_references)
+        ).reshape(batch_size, max_n, max_references)
 
         # 5. cosine: divide only where both norms are non-zero (the COCO code leaves the raw sum otherwise)
         denominators = candidate_norms[:, :, None] * reference_norms.transpose(0, 2, 1)  # (batch, max_n, max_refs)

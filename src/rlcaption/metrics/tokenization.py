@@ -22,6 +22,7 @@ scores depend on it.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -111,6 +112,7 @@ _UNICODE_REWRITES = str.maketrans(
 )
 # Characters outside the Basic Multilingual Plane (emoji) are untokenizable for the Java lexer, which deletes them.
 _OUTSIDE_BMP = re.compile("[\U00010000-\U0010ffff]")
+_SIMPLE_CAPTION = re.compile(r"[A-Za-z ]*")
 _NEGATION = re.compile(rf"'t(?!{_ALNUM})", re.IGNORECASE)
 _BRACKETS = {"(": "-LRB-", ")": "-RRB-", "{": "-LCB-", "}": "-RCB-", "[": "-LSB-", "]": "-RSB-"}
 
@@ -187,8 +189,38 @@ def tokenize_caption(text: str) -> list[str]:
         `list[str]`: the lower-cased Penn Treebank tokens without the toolkit's punctuation tokens; empty for an
         empty or punctuation-only caption.
     """
+    return list(_tokenize_cached(text))
+
+
+@functools.lru_cache(maxsize=2**16)
+def _tokenize_cached(text: str) -> tuple[str, ...]:
+    # sampled captions repeat a lot during training, so the tokens of recent captions are kept
+    simple = _simple_caption_words(text)
+    if simple is not None:
+        return tuple(word.lower() for word in simple)
     lowered = (token.lower() for token in _lex(text.replace("\n", " ")))
-    return [token for token in lowered if token not in PUNCTUATIONS]
+    return tuple(token for token in lowered if token not in PUNCTUATIONS)
+
+
+def _simple_caption_words(text: str) -> list[str] | None:
+    """The words of a caption made only of ASCII letters and spaces with an optional final period, else None.
+
+    Most captions look like that; for them the lexer's output is just the words, so the regular expressions can be
+    skipped. Captions whose last word could keep the final period (an abbreviation) or containing a word the lexer
+    splits ("cannot") take the full path.
+    """
+    body = text.strip()
+    has_period = body.endswith(".")
+    if has_period:
+        body = body[:-1]
+    if not _SIMPLE_CAPTION.fullmatch(body):
+        return None
+    words = body.split()
+    if has_period and words and (words[-1].lower() in _ABBREVIATIONS or words[-1].lower() in _STATE_ABBREVIATIONS):
+        return None
+    if any(word.lower() in _SPLIT_WORDS for word in words):
+        return None
+    return words
 
 
 def normalize_caption(text: str) -> str:

@@ -91,19 +91,16 @@ def _image_statistics(prediction: str, references: Sequence[str], max_n: int) ->
     """(candidate length, closest reference length, guessed n-grams per order, clipped matches per order)."""
     words = prediction.split()
     candidate_length = len(words)
-    reference_lengths = []
-    max_reference_counts: Counter[tuple[str, ...]] = Counter()
-    for reference in references:
-        reference_words = reference.split()
-        reference_lengths.append(len(reference_words))
-        max_reference_counts |= _ngram_counts(reference_words, max_n)  # `|` keeps the maximum count per n-gram
-    closest_length = min((abs(length - candidate_length), length) for length in reference_lengths)[1]
+    reference_words = [reference.split() for reference in references]
+    reference_counts = [_ngram_counts(tokens, max_n) for tokens in reference_words]
+    closest_length = min((abs(len(tokens) - candidate_length), len(tokens)) for tokens in reference_words)[1]
     guessed = [max(0, candidate_length - order + 1) for order in range(1, max_n + 1)]
     matched = [0] * max_n
+    # clipping needs the maximum reference count of the candidate's n-grams only, not of every reference n-gram
     for ngram, count in _ngram_counts(words, max_n).items():
-        reference_count = max_reference_counts.get(ngram)
-        if reference_count:
-            matched[len(ngram) - 1] += min(count, reference_count)
+        clip = max(counts.get(ngram, 0) for counts in reference_counts)
+        if clip:
+            matched[len(ngram) - 1] += min(count, clip)
     return candidate_length, closest_length, guessed, matched
 
 

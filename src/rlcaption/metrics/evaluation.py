@@ -19,7 +19,7 @@ from .java import check_java
 from .meteor import compute_meteor
 from .rouge import compute_rouge_l
 from .spice import check_spice, compute_spice
-from .tokenization import PUNCTUATIONS, TOKENIZERS, normalize_caption, ptb_tokenize_lines
+from .tokenization import tokenize_corpus
 
 if TYPE_CHECKING:
     import evaluate
@@ -82,25 +82,12 @@ def tokenize_captions(
         `tuple[dict[K, str], dict[K, list[str]]]`: the predictions and references as space-joined tokens without
         punctuation, the form every metric scores.
     """
-    if tokenizer not in TOKENIZERS:
-        raise ValueError(f"tokenizer={tokenizer!r} is not supported; use one of {TOKENIZERS}.")
-    keys = list(predictions)
-    captions = [predictions[key] for key in keys]
-    for key in keys:
-        captions.extend(references[key])
-    if tokenizer == "fast":
-        tokenized = [normalize_caption(caption) for caption in captions]
-    else:
-        tokenized = [
-            " ".join(token for token in tokens if token not in PUNCTUATIONS) for tokens in ptb_tokenize_lines(captions)
-        ]
-    tokenized_predictions = dict(zip(keys, tokenized[: len(keys)], strict=True))
-    tokenized_references: dict[K, list[str]] = {}
-    position = len(keys)
-    for key in keys:
-        count = len(references[key])
-        tokenized_references[key] = tokenized[position : position + count]
-        position += count
+    # one corpus holding both sides, so that tokenizer="ptb" starts a single Java process
+    corpus = {("prediction", key): [caption] for key, caption in predictions.items()}
+    corpus.update({("references", key): list(references[key]) for key in predictions})
+    tokenized = tokenize_corpus(corpus, tokenizer)
+    tokenized_predictions = {key: tokenized[("prediction", key)][0] for key in predictions}
+    tokenized_references = {key: tokenized[("references", key)] for key in predictions}
     return tokenized_predictions, tokenized_references
 
 

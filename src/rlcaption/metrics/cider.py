@@ -255,94 +255,84 @@ class _ReferenceVectors:
 
 
 class _NgramVocabulary:
-    """Integer ids of n-grams, looked up one caption at a time (references) or a whole batch at once (candidates).
+    """Integer ids of n-grams, assigned and looked up for a whole batch of token lists at once.
 
-    Corpus n-grams have their position in `DocumentFrequencies.index` as id; n-grams of cached references that the
-    corpus lacks get ids after those. An n-gram of order n > 1 is also identified by the pair (id of its first n - 1
-    words, id of its last word): every prefix of a known n-gram is known (it occurs in the same image), so a batch of
-    candidates needs one dict lookup per word and one `searchsorted` per order over sorted pair keys.
+    An n-gram of order n > 1 is identified by the pair (id of its first n - 1 words, id of its last word); every
+    prefix of a known n-gram is known (it occurs in the same caption), so a batch needs one dict lookup per word and
+    one `searchsorted` per order over sorted pair keys. Pairs added after the last sort (n-grams of newly cached
+    references) wait in a dict until there are enough of them to merge.
     """
 
-    def __init__(self, document_frequencies: DocumentFrequencies):
-        self.max_n = document_frequencies.max_n
-        self.corpus_index = document_frequencies.index
-        self.extra_index: dict[tuple[str, ...], int] = {}
-        # word -> id of its unigram
-        self.word_ids: dict[str, int] = {ngram[0]: id_ for ngram, id_ in self.corpus_index.items() if len(ngram) == 1}
-        pair_keys: dict[int, list[int]] = {order: [] for order in range(2, self.max_n + 1)}
-        pair_ids: dict[int, list[int]] = {order: [] for order in range(2, self.max_n + 1)}
-        for ngram, ngram_id in self.corpus_index.items():
-            if 1 < len(ngram) <= self.max_n:
-                prefix_id = self.corpus_index.get(ngram[:-1])
-                last_id = self.word_ids.get(ngram[-1])
-                if prefix_id is None or last_id is None:
-                    raise ValueError(
-                        f"The document frequencies contain {ngram!r} but not its parts; counts of real captions "
-                        "always contain every prefix and word of an n-gram. Rebuild them with "
-                        "`DocumentFrequencies.from_references`."
-                    )
-                pair_keys[len(ngram)].append(prefix_id * _KEY_STRIDE + last_id)
-                pair_ids[len(ngram)].append(ngram_id)
-        self.sorted_pair_keys: dict[int, np.ndarray] = {}
-        self.sorted_pair_ids: dict[int, np.ndarray] = {}
-        for order in pair_keys:
-            keys = np.asarray(pair_keys[order], dtype=np.int64)
-            ids = np.asarray(pair_ids[order], dtype=np.int64)
-            by_key = np.argsort(keys, kind="stable")
-            self.sorted_pair_keys[order], self.sorted_pair_ids[order] = keys[by_key], ids[by_key]
-        # pairs of n-grams added after construction (cached references): too few and too late for the sorted arrays
-        self.extra_pair_ids: dict[int, dict[int, int]] = {order: {} for order in pair_keys}
+    def __init__(self, max_n: int = 4):
+        self.max_n = max_n
+        self.size = 0
+        self.word_ids: dict[str, int] = {}  # word -> id of its unigram
+        orders = range(2, max_n + 1)
+        self.sorted_pair_keys = {order: np.zeros(0, dtype=np.int64) for order in orders}
+        self.sorted_pair_ids = {order: np.zeros(0, dtype=np.int64) for order in orders}
+        self.pending_pair_ids: dict[int, dict[int, int]] = {order: {} for order in orders}
 
-    @property
-    def num_corpus_ngrams(self) -> int:
-        return len(self.corpus_index)
+    @classmethod
+    def from_document_frequencies(cls, document_frequencies: DocumentFrequencies) -> _NgramVocabulary:
+        """A vocabulary whose ids are the positions of the n-grams in `document_frequencies.index`."""
+        vocabulary = cls(document_frequencies.max_n)
+        index = document_frequencies.index
+        vocabulary.word_ids = {ngram[0]: ngram_id for ngram, ngram_id in index.items() if len(ngram) == 1}
+        for order in vocabulary.sorted_pair_keys:
+            ngrams = [(ngram, ngram_id) for ngram, ngram_id in index.items() if len(ngram) == order]
+            try:
+                keys = [index[ngram[:-1]] * _KEY_STRIDE + vocabulary.word_ids[ngram[-1]] for ngram, _ in ngrams]
+            except KeyError as error:
+                raise ValueError(
+                    f"The document frequencies lack {error.args[0]!r}, a part of one of their n-grams; counts of real "
+                    "captions contain every prefix and word of an n-gram. Rebuild them with "
+                    "`DocumentFrequencies.from_references`."
+                ) from None
+            vocabulary._merge(order, np.asarray(keys, np.int64), np.asarray([i for _, i in ngrams], np.int64))
+        vocabulary.size = len(index)
+        return vocabulary
 
-    def ids_of(self, ngrams: list[tuple[str, ...]], assign: bool) -> list[int]:
-        """Id of each n-gram (`ngrams` lists every prefix before the n-grams extending it, as `ngram_counts` does);
-        unseen ones get a new id when `assign`, else -1."""
-        corpus_get = self.corpus_index.get
-        ids = [corpus_get(ngram, -1) for ngram in ngrams]
-        if -1 in ids:
-            for position, ngram in enumerate(ngrams):
-                if ids[position] == -1:
-                    ngram_id = self.extra_index.get(ngram)
-                    if ngram_id is None and assign:
-                        ngram_id = self._add(ngram)
-                    ids[position] = -1 if ngram_id is None else ngram_id
-        return ids
+    def _merge(self, order: int, keys: np.ndarray, ids: np.ndarray) -> None:
+        keys = np.concatenate([self.sorted_pair_keys[order], keys])
+        ids = np.concatenate([self.sorted_pair_ids[order], ids])
+        by_key = np.argsort(keys, kind="stable")
+        self.sorted_pair_keys[order], self.sorted_pair_ids[order] = keys[by_key], ids[by_key]
 
-    def _add(self, ngram: tuple[str, ...]) -> int:
-        ngram_id = self.num_corpus_ngrams + len(self.extra_index)
-        self.extra_index[ngram] = ngram_id
-        if len(ngram) == 1:
-            self.word_ids[ngram[0]] = ngram_id
-        else:
-            prefix = ngram[:-1]
-            prefix_id = self.corpus_index.get(prefix, self.extra_index.get(prefix))
-            self.extra_pair_ids[len(ngram)][prefix_id * _KEY_STRIDE + self.word_ids[ngram[-1]]] = ngram_id
-        return ngram_id
-
-    def _pair_lookup(self, order: int, keys: np.ndarray) -> np.ndarray:
-        """Ids of the n-grams of `order` with the given (prefix id, last word id) keys, -1 where unknown."""
+    def _pair_ids(self, order: int, keys: np.ndarray, assign: bool) -> np.ndarray:
+        """Ids of the n-grams with the given (prefix id, last word id) keys; new ids when `assign`, else -1."""
         table = self.sorted_pair_keys[order]
         ids = np.full(len(keys), -1, dtype=np.int64)
         if len(table) and len(keys):
             positions = np.minimum(np.searchsorted(table, keys), len(table) - 1)
             found = table[positions] == keys
             ids[found] = self.sorted_pair_ids[order][positions[found]]
-        extra = self.extra_pair_ids[order]
-        if extra:
-            missing = np.flatnonzero(ids < 0)
-            ids[missing] = [extra.get(key, -1) for key in keys[missing].tolist()]
+        pending = self.pending_pair_ids[order]
+        missing = np.flatnonzero(ids < 0)
+        if pending and len(missing):
+            ids[missing] = [pending.get(key, -1) for key in keys[missing].tolist()]
+            missing = missing[ids[missing] < 0]
+        if assign and len(missing):
+            new_keys, inverse = np.unique(keys[missing], return_inverse=True)
+            new_ids = np.arange(self.size, self.size + len(new_keys), dtype=np.int64)
+            self.size += len(new_keys)
+            ids[missing] = new_ids[inverse]
+            pending.update(zip(new_keys.tolist(), new_ids.tolist(), strict=True))
+            if len(pending) > max(4096, len(table) // 8):  # sorting is cheaper than Python lookups from here on
+                self._merge(order, np.fromiter(pending, np.int64), np.fromiter(pending.values(), np.int64))
+                pending.clear()
         return ids
 
-    def count_batch(self, word_lists: Sequence[Sequence[str]]) -> tuple[np.ndarray, ...]:
+    def count_batch(self, word_lists: Sequence[Sequence[str]], assign: bool = False) -> tuple[np.ndarray, ...]:
         """Term frequencies of the n-grams of a batch of token lists, without Python work per n-gram.
 
+        Args:
+            word_lists (`Sequence[Sequence[str]]` of length `batch_size`): the tokens of each caption.
+            assign (`bool`): give unseen n-grams new ids (references) instead of reporting them as unknown.
+
         Returns:
-            `(rows, orders, ids, counts)` of the known n-grams (one entry per distinct n-gram and row), then
-            `(unknown_rows, unknown_orders, unknown_counts)` of the n-grams no corpus image or cached reference has
-            (their ids would never match a reference; only their counts matter, for the candidate's norm).
+            `(rows, orders, ids, counts)` of the known n-grams (one entry per distinct n-gram and row; orders count
+            from 0) and `(unknown_rows, unknown_orders, unknown_counts)` of the unseen ones (none with `assign`),
+            which can match no reference and only enter the caption's norm.
         """
         max_n = self.max_n
         lengths = np.fromiter(map(len, word_lists), dtype=np.int64, count=len(word_lists))
@@ -350,27 +340,36 @@ class _NgramVocabulary:
         word_get = self.word_ids.get
         tokens = [word_get(word) for word in words]
         if None in tokens:
-            # unseen words get distinct negative ids (-2, -3, ...) so that repeated unknown n-grams still count up
-            unseen: dict[str, int] = {}
-            tokens = [
-                -2 - unseen.setdefault(word, len(unseen)) if token is None else token
-                for token, word in zip(tokens, words, strict=True)
-            ]
+            if assign:
+                for word in words:
+                    if word not in self.word_ids:
+                        self.word_ids[word] = self.size
+                        self.size += 1
+                tokens = [self.word_ids[word] for word in words]
+            else:
+                # unseen words get distinct negative ids (-2, -3, ...) so that repeated unknown n-grams count up
+                unseen: dict[str, int] = {}
+                tokens = [
+                    -2 - unseen.setdefault(word, len(unseen)) if token is None else token
+                    for token, word in zip(tokens, words, strict=True)
+                ]
         tokens = np.asarray(tokens, dtype=np.int64)  # (num_words,)
         num_words = len(tokens)
         positions = np.arange(num_words)
         row_of_word = np.repeat(np.arange(len(word_lists)), lengths)
         row_end = np.repeat(np.cumsum(lengths), lengths)
 
-        # ids of the n-gram starting at each word, order by order from its prefix's id; -1 when unknown
+        # id of the n-gram starting at each word, order by order from its prefix's id; -1 when unknown
         starts_per_order, ids_per_order = [positions], [np.where(tokens >= 0, tokens, -1)]
         previous_ids = ids_per_order[0]
         for order in range(2, max_n + 1):
             starts = positions[positions + order - 1 < row_end]
             prefix_ids, last_tokens = previous_ids[starts], tokens[starts + order - 1]
             ids = np.full(len(starts), -1, dtype=np.int64)
-            lookup = (prefix_ids >= 0) & (last_tokens >= 0)
-            ids[lookup] = self._pair_lookup(order, prefix_ids[lookup] * _KEY_STRIDE + last_tokens[lookup])
+            known_parts = (prefix_ids >= 0) & (last_tokens >= 0)
+            ids[known_parts] = self._pair_ids(
+                order, prefix_ids[known_parts] * _KEY_STRIDE + last_tokens[known_parts], assign
+            )
             starts_per_order.append(starts)
             ids_per_order.append(ids)
             previous_ids = np.full(num_words, -1, dtype=np.int64)
@@ -385,26 +384,21 @@ class _NgramVocabulary:
         unique_keys, first, counts = np.unique(
             rows[known] * _KEY_STRIDE + ids[known], return_index=True, return_counts=True
         )
-        known_rows, known_ids = unique_keys // _KEY_STRIDE, unique_keys % _KEY_STRIDE
-        known_orders = orders[known][first]
+        known_rows, known_ids, known_orders = (
+            unique_keys // _KEY_STRIDE,
+            unique_keys % _KEY_STRIDE,
+            orders[known][first],
+        )
 
-        # unknown n-grams: count repeats of (row, order, word ids); -1 pads the words after the n-gram's end
+        # unknown n-grams: count repeats of (row, order, word ids), -1 padding the words after the n-gram's end
         unknown = np.flatnonzero(~known)
         columns = [rows[unknown], orders[unknown]]
         for offset in range(max_n):
             inside = orders[unknown] >= offset
-            word_index = np.where(inside, starts[unknown] + offset, 0)
-            columns.append(np.where(inside, tokens[word_index] if num_words else 0, -1))
+            word_positions = np.where(inside, starts[unknown] + offset, 0)
+            columns.append(np.where(inside, tokens[word_positions] if num_words else 0, -1))
         unknown_ngrams, unknown_counts = np.unique(np.stack(columns, axis=1), axis=0, return_counts=True)
-        return (
-            known_rows,
-            known_orders,
-            known_ids,
-            counts,
-            unknown_ngrams[:, 0],
-            unknown_ngrams[:, 1],
-            unknown_counts,
-        )
+        return known_rows, known_orders, known_ids, counts, unknown_ngrams[:, 0], unknown_ngrams[:, 1], unknown_counts
 
 
 class CiderD:
@@ -437,12 +431,30 @@ class CiderD:
         self.text_normalizer = text_normalizer
         self.max_cached_images = max_cached_images
         self.max_n = document_frequencies.max_n
-        self._log_num_documents = document_frequencies.log_num_documents
+        self._vocabulary = _NgramVocabulary.from_document_frequencies(document_frequencies)
+        # n-grams of cached references that the corpus lacks get ids after the corpus's; their df is 0, so their IDF
+        # is log(num_documents), like any unseen n-gram
         self._corpus_idf = document_frequencies.idf()
-        # reference n-grams absent from the corpus get ids after the corpus's; their df is 0, so their IDF is
-        # log(num_documents), like any unseen n-gram
-        self._vocabulary = _NgramVocabulary(document_frequencies)
+        self._log_num_documents = document_frequencies.log_num_documents
         self._cache: OrderedDict[Hashable, _ReferenceVectors] = OrderedDict()
+
+    @classmethod
+    def _for_evaluated_references(
+        cls, keys: Sequence[Hashable], reference_lists: Sequence[Sequence[str]], sigma: float
+    ) -> tuple[CiderD, list[_ReferenceVectors]]:
+        """A scorer whose document frequencies come from the evaluated references (the official COCO evaluation),
+        counted from the same n-gram ids as the reference vectors, and those vectors."""
+        scorer = cls(DocumentFrequencies({}, num_documents=len(reference_lists)), sigma=sigma)
+        counted = scorer._count_references(keys, reference_lists)
+        rows, _, ids, _, image_of_reference = counted[:5]
+        # df: number of images whose references contain the n-gram (a sort-based unique: NumPy's hash-based one is
+        # far slower on these keys)
+        image_ngram_keys = np.sort(image_of_reference[rows] * _KEY_STRIDE + ids)
+        distinct = np.concatenate([[True], image_ngram_keys[1:] != image_ngram_keys[:-1]])
+        image_ids = image_ngram_keys[distinct] % _KEY_STRIDE
+        document_frequency = np.bincount(image_ids, minlength=scorer._vocabulary.size)
+        scorer._corpus_idf = scorer._log_num_documents - np.log(np.maximum(document_frequency, 1).astype(np.float64))
+        return scorer, scorer._reference_vectors(reference_lists, *counted)
 
     def clear_cache(self) -> None:
         """Forgets every cached reference vector."""
@@ -457,62 +469,53 @@ class CiderD:
             raise ValueError(f"Expected a caption string, got {type(text).__name__} {text!r}.")
         return (self.text_normalizer(text) if normalize and self.text_normalizer is not None else text).split()
 
-    def _count_ngrams(self, text: str) -> tuple[Counter[tuple[str, ...]], int]:
-        """N-gram counts of one caption and its length as the COCO code measures it (its number of bigrams)."""
-        words = self._words(text)
-        return ngram_counts(words, self.max_n), max(len(words) - 1, 0)
-
     def _idf_of(self, ngram_ids: np.ndarray) -> np.ndarray:
-        """IDF of each id; ids outside the corpus (extra reference n-grams, or -1 for unseen) have df 0."""
-        in_corpus = (ngram_ids >= 0) & (ngram_ids < len(self._corpus_idf))
+        """IDF of each id; ids outside the corpus (extra reference n-grams) have df 0."""
+        in_corpus = ngram_ids < len(self._corpus_idf)
         idf = np.full(ngram_ids.shape, self._log_num_documents)
         idf[in_corpus] = self._corpus_idf[ngram_ids[in_corpus]]
         return idf
 
-    def _build_reference_vectors(
-        self,
-        keys: Sequence[Hashable],
-        reference_lists: Sequence[Sequence[str]],
-        counted: Sequence[Sequence[tuple[Counter[tuple[str, ...]], int]]] | None = None,
-    ) -> list[_ReferenceVectors]:
-        """Vectors of several images' references at once (one Python pass for the n-grams, the rest in NumPy).
-
-        `counted` optionally gives `_count_ngrams` of every reference, when the caller already has them.
-        """
-        max_n = self.max_n
-        # 1. every reference n-gram as flat arrays: global reference index, order, id, term frequency
-        reference_of_entry, orders, ids, term_frequencies, lengths = [], [], [], [], []
+    def _count_references(
+        self, keys: Sequence[Hashable], reference_lists: Sequence[Sequence[str]]
+    ) -> tuple[np.ndarray, ...]:
+        """N-gram counts of every reference of several images: `(rows, orders, ids, counts)` with `rows` indexing
+        the references in order, then `image_of_reference`, `first_reference` (per image, plus the total) and the
+        references' lengths as the COCO code measures them (their number of bigrams)."""
+        word_lists = []
         first_reference = [0]
-        for image, (key, references) in enumerate(zip(keys, reference_lists, strict=True)):
+        for key, references in zip(keys, reference_lists, strict=True):
             _check_reference_list(key, references)
-            image_counted = counted[image] if counted is not None else map(self._count_ngrams, references)
-            for counts, length in image_counted:
-                ngrams = list(counts)
-                reference_of_entry.extend([len(lengths)] * len(ngrams))
-                orders.extend([len(ngram) - 1 for ngram in ngrams])
-                ids.extend(self._vocabulary.ids_of(ngrams, assign=True))
-                term_frequencies.extend(counts.values())
-                lengths.append(length)
-            first_reference.append(len(lengths))
-        reference_of_entry = np.asarray(reference_of_entry, dtype=np.int64)
-        ids = np.asarray(ids, dtype=np.int64)
-        weights = np.asarray(term_frequencies, dtype=np.float64) * self._idf_of(ids)
-        orders = np.asarray(orders, dtype=np.int64)
-        norms = _grouped_sum(reference_of_entry * max_n + orders, weights**2, len(lengths) * max_n)
-        norms = np.sqrt(norms).reshape(len(lengths), max_n)
-
-        # 2. union of n-grams per image: unique (image, id) keys, sorted by image then id
+            word_lists.extend(self._words(reference) for reference in references)
+            first_reference.append(len(word_lists))
+        rows, orders, ids, counts, *_ = self._vocabulary.count_batch(word_lists, assign=True)
         first_reference = np.asarray(first_reference)
-        reference_counts = np.diff(first_reference)
-        image_of_reference = np.repeat(np.arange(len(keys), dtype=np.int64), reference_counts)
-        image_of_entry = image_of_reference[reference_of_entry]
-        union_keys, inverse = np.unique(image_of_entry * _KEY_STRIDE + ids, return_inverse=True)
-        union_images = union_keys // _KEY_STRIDE
-        union_bounds = np.searchsorted(union_images, np.arange(len(keys) + 1))
-        weight_matrix = np.zeros((len(union_keys), int(reference_counts.max())))
-        weight_matrix[inverse, reference_of_entry - first_reference[image_of_entry]] = weights
+        image_of_reference = np.repeat(np.arange(len(keys), dtype=np.int64), np.diff(first_reference))
+        lengths = np.array([max(len(words) - 1, 0) for words in word_lists], dtype=np.float64)
+        return rows, orders, ids, counts, image_of_reference, first_reference, lengths
 
-        lengths = np.asarray(lengths, dtype=np.float64)
+    def _reference_vectors(
+        self,
+        reference_lists: Sequence[Sequence[str]],
+        rows: np.ndarray,
+        orders: np.ndarray,
+        ids: np.ndarray,
+        counts: np.ndarray,
+        image_of_reference: np.ndarray,
+        first_reference: np.ndarray,
+        lengths: np.ndarray,
+    ) -> list[_ReferenceVectors]:
+        """Per-image TF-IDF vectors from the counts of `_count_references`."""
+        max_n = self.max_n
+        weights = counts * self._idf_of(ids)
+        norms = np.sqrt(_grouped_sum(rows * max_n + orders, weights**2, len(lengths) * max_n)).reshape(-1, max_n)
+        # union of n-grams per image: unique (image, id) keys, sorted by image then id
+        reference_counts = np.diff(first_reference)
+        image_of_entry = image_of_reference[rows]
+        union_keys, inverse = np.unique(image_of_entry * _KEY_STRIDE + ids, return_inverse=True)
+        union_bounds = np.searchsorted(union_keys // _KEY_STRIDE, np.arange(len(reference_lists) + 1))
+        weight_matrix = np.zeros((len(union_keys), int(reference_counts.max())))
+        weight_matrix[inverse, rows - first_reference[image_of_entry]] = weights
         return [
             _ReferenceVectors(
                 raw_references=tuple(references),
@@ -552,7 +555,13 @@ class CiderD:
                 row_vectors.append(None)
         if missing:
             built = dict(
-                zip(missing, self._build_reference_vectors(list(missing), list(missing.values())), strict=True)
+                zip(
+                    missing,
+                    self._reference_vectors(
+                        list(missing.values()), *self._count_references(list(missing), list(missing.values()))
+                    ),
+                    strict=True,
+                )
             )
             for key, vectors in built.items():
                 self._cache[key] = vectors
@@ -612,9 +621,8 @@ class CiderD:
         # IDF is log(num_documents) and which only enter the candidate's norm
         word_lists = [self._words(candidate, normalize) for candidate in candidates]
         candidate_lengths = np.array([max(len(words) - 1, 0) for words in word_lists], dtype=np.float64)
-        rows, orders, ids, counts, unknown_rows, unknown_orders, unknown_counts = self._vocabulary.count_batch(
-            word_lists
-        )
+        counted = self._vocabulary.count_batch(word_lists)
+        rows, orders, ids, counts, unknown_rows, unknown_orders, unknown_counts = counted
         candidate_weights = counts * self._idf_of(ids)
         unknown_weights = unknown_counts * self._log_num_documents
         row_orders = rows * max_n + orders
@@ -704,17 +712,10 @@ def compute_cider_d(
     reference_lists = [references[key] for key in keys]
     for key, image_references in zip(keys, reference_lists, strict=True):
         _check_reference_list(key, image_references)
-    max_n = document_frequencies.max_n if document_frequencies is not None else 4
-    # count every reference's n-grams once: they serve the document frequencies and the reference vectors
-    counted = [
-        [(ngram_counts(words, max_n), max(len(words) - 1, 0)) for words in map(str.split, image_references)]
-        for image_references in reference_lists
-    ]
     if document_frequencies is None:
-        document_frequencies = DocumentFrequencies.from_ngram_counts(
-            ([counts for counts, _ in image_counted] for image_counted in counted), max_n
-        )
-    scorer = CiderD(document_frequencies, sigma=sigma)
-    row_vectors = scorer._build_reference_vectors(keys, reference_lists, counted)
+        scorer, row_vectors = CiderD._for_evaluated_references(keys, reference_lists, sigma)
+    else:
+        scorer = CiderD(document_frequencies, sigma=sigma)
+        row_vectors = scorer._reference_vectors(reference_lists, *scorer._count_references(keys, reference_lists))
     scores = scorer._score_rows([predictions[key] for key in keys], row_vectors)
     return float(np.mean(scores)), {key: float(score) for key, score in zip(keys, scores, strict=True)}

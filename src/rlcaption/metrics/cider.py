@@ -450,7 +450,7 @@ class CiderD:
         # df: number of images whose references contain the n-gram (a sort-based unique: NumPy's hash-based one is
         # far slower on these keys)
         image_ngram_keys = np.sort(image_of_reference[rows] * _KEY_STRIDE + ids)
-        distinct = np.concatenate([[True], image_ngram_keys[1:] != image_ngram_keys[:-1]])
+        distinct = np.concatenate([image_ngram_keys[:1] >= 0, image_ngram_keys[1:] != image_ngram_keys[:-1]])
         image_ids = image_ngram_keys[distinct] % _KEY_STRIDE
         document_frequency = np.bincount(image_ids, minlength=scorer._vocabulary.size)
         scorer._corpus_idf = scorer._log_num_documents - np.log(np.maximum(document_frequency, 1).astype(np.float64))

@@ -17,7 +17,7 @@ from rlcaption.inference import caption_image_files, load_captioner
 class CaptionArguments:
     model: str = field(metadata={"help": "Model folder or Hub id."})
     num_beams: int = field(default=3, metadata={"help": "Beam size (1 = greedy)."})
-    max_new_tokens: int = field(default=20, metadata={"help": "Maximum caption length in tokens."})
+    max_length: int = field(default=21, metadata={"help": "Maximum caption length in tokens, start token included."})
 
 
 def main():
@@ -26,9 +26,7 @@ def main():
     if not image_paths:
         parser.error("give at least one image file")
     model, processor = load_captioner(args.model)
-    captions = caption_image_files(
-        model, processor, image_paths, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens
-    )
+    captions = caption_image_files(model, processor, image_paths, num_beams=args.num_beams, max_length=args.max_length)
     for path, caption in zip(image_paths, captions, strict=True):
         print(f"{path}\t{caption}")
 

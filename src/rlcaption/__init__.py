@@ -1,3 +1,33 @@
 """rlcaption: reinforcement learning for image captioning with Hugging Face models."""
 
+from . import models  # noqa: F401  (registers the Auto classes before anyone calls from_pretrained)
+from .data import CaptionCollator, load_caption_dataset, load_coco, load_karpathy, load_shapes
+from .evaluation import evaluate_model
+from .metrics import evaluate_captions
+from .models import ShowTellRL, ShowTellRLConfig, ShowTellRLOutput, ShowTellRLState
+from .processing import CaptionProcessor
+from .rewards import RewardMix, available_rewards, get_reward, register_reward
+from .trainer import RLCaptionConfig, RLCaptionTrainer
+
 __version__ = "0.1.0.dev0"
+
+__all__ = [
+    "CaptionCollator",
+    "CaptionProcessor",
+    "RLCaptionConfig",
+    "RLCaptionTrainer",
+    "RewardMix",
+    "ShowTellRL",
+    "ShowTellRLConfig",
+    "ShowTellRLOutput",
+    "ShowTellRLState",
+    "available_rewards",
+    "evaluate_captions",
+    "evaluate_model",
+    "get_reward",
+    "load_caption_dataset",
+    "load_coco",
+    "load_karpathy",
+    "load_shapes",
+    "register_reward",
+]

@@ -14,7 +14,9 @@ def _configure_caption_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("images", nargs="+", help="Image files to caption.")
     parser.add_argument("--model", required=True, help="Model folder or Hub id (e.g. a published rlcaption model).")
     parser.add_argument("--num-beams", type=int, default=3, help="Beam size (1 = greedy).")
-    parser.add_argument("--max-new-tokens", type=int, default=20, help="Maximum caption length in tokens.")
+    parser.add_argument(
+        "--max-length", type=int, default=21, help="Maximum caption length in tokens, the start token included."
+    )
     parser.add_argument("--num-captions", type=int, default=1, help="Captions per image (at most --num-beams).")
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model.")
 
@@ -31,7 +33,7 @@ def _run_caption(args: argparse.Namespace) -> None:
         args.images,
         num_beams=args.num_beams,
         num_return_sequences=args.num_captions,
-        max_new_tokens=args.max_new_tokens,
+        max_length=args.max_length,
     )
     for index, path in enumerate(args.images):
         for caption in captions[index * args.num_captions : (index + 1) * args.num_captions]:
@@ -43,13 +45,15 @@ def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="shapes", help="`shapes` or a folder written by `save_to_disk`.")
     parser.add_argument("--split", default="test", help="Dataset split to caption.")
     parser.add_argument("--num-beams", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=20)
+    parser.add_argument(
+        "--max-length", type=int, default=21, help="Maximum caption length in tokens, the start token included."
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
         "--metrics",
         nargs="*",
         default=None,
-        help="Metric names (COCO toolkit keys, e.g. CIDEr Bleu_4 ROUGE_L METEOR SPICE); all when omitted.",
+        help="Metrics among bleu, meteor, rouge_l, cider, spice, spider; all when omitted.",
     )
 
 
@@ -69,7 +73,7 @@ def _run_evaluate(args: argparse.Namespace) -> None:
         metrics=args.metrics,
         batch_size=args.batch_size,
         num_beams=args.num_beams,
-        max_new_tokens=args.max_new_tokens,
+        max_length=args.max_length,
     )
     print(json.dumps(scores, indent=2))
 

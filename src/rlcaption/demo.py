@@ -66,9 +66,9 @@ def _train(model, processor, shapes, output_dir: str, settings: DemoSettings, **
 
 def _score(model, processor, test_split, num_beams: int) -> tuple[dict[str, float], dict]:
     predictions, references = caption_dataset(
-        model, processor, test_split, batch_size=100, do_sample=False, num_beams=num_beams, max_new_tokens=20
+        model, processor, test_split, batch_size=100, do_sample=False, num_beams=num_beams, max_length=21
     )
-    return evaluate_captions(predictions, references, metrics=["CIDEr", "Bleu_4"]), predictions
+    return evaluate_captions(predictions, references, metrics=["cider", "bleu"]), predictions
 
 
 def run_demo(output_dir: str = "runs/demo", quick: bool = False) -> dict[str, dict[str, float]]:
@@ -138,5 +138,7 @@ def run_demo(output_dir: str = "runs/demo", quick: bool = False) -> dict[str, di
         print(f"      XE:   {captions['XE beam 3'][key]}")
         print(f"      SCST: {captions['SCST beam 3'][key]}")
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"\n[demo] total {time.perf_counter() - start:.0f} s, peak memory {peak_gib:.2f} GiB; models in {output_dir}")
+    print(
+        f"\n[demo] total {time.perf_counter() - start:.0f} s, peak memory {peak_gib:.2f} GiB; models in {output_dir}"
+    )
     return results

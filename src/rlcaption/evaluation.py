@@ -53,7 +53,7 @@ def evaluate_model(
     model: nn.Module,
     processor: Any,
     dataset,
-    metrics: Sequence[str] | None = ("CIDEr", "Bleu_4"),
+    metrics: Sequence[str] | None = ("cider", "bleu"),
     batch_size: int = 64,
     **generation_kwargs: Any,
 ) -> dict[str, float]:
@@ -63,7 +63,7 @@ def evaluate_model(
     Args:
         metrics: metric names for [`rlcaption.metrics.evaluate_captions`]; `None` for all of them (Java ones
             included).
-        generation_kwargs: decoding settings, e.g. `num_beams=3, max_new_tokens=20`.
+        generation_kwargs: decoding settings, e.g. `num_beams=3, max_length=21`.
     """
     predictions, references = caption_dataset(model, processor, dataset, batch_size=batch_size, **generation_kwargs)
     return evaluate_captions(predictions, references, metrics=metrics)

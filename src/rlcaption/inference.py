@@ -37,7 +37,7 @@ def caption_image_files(
     Captions image files (any mode Pillow reads; converted to RGB as documented in [`rlcaption.data.images`]).
 
     Args:
-        generation_kwargs: decoding settings for `generate`, e.g. `num_beams=3, max_new_tokens=20`.
+        generation_kwargs: decoding settings for `generate`, e.g. `num_beams=3, max_length=21`.
 
     Returns:
         One caption per path, in order.

@@ -20,7 +20,6 @@ def test_defaults_keep_dataset_columns_and_run_offline(tmp_path):
         ({"loss_normalization": "word"}, "loss_normalization='word'"),
         ({"num_samples_per_image": 0}, "num_samples_per_image"),
         ({"baseline": "mean_of_others", "num_samples_per_image": 1}, "mean_of_others"),
-        ({"reward_funcs": ["cider", "bleu"], "reward_weights": [1.0]}, "one weight per function"),
         ({"reward_funcs": []}, "reward_funcs is empty"),
         ({"temperature": 0.0}, "temperature"),
     ],

@@ -57,7 +57,8 @@ class CaptionCollator:
             batch["pixel_values"] = self.processor(images=images, return_tensors="pt")["pixel_values"]
         else:
             raise ValueError(
-                f"Rows have no image column: expected `image`, `pixel_values` or `image_features`, got {sorted(first)}."
+                "Rows have no image column: expected `image`, `pixel_values` or `image_features`, got "
+                f"{sorted(first)}."
             )
 
         # 2. references, as written, and ids

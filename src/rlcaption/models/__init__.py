@@ -9,3 +9,6 @@ from rlcaption.models.show_tell_rl import (
 )
 
 __all__ = ["ShowTellRL", "ShowTellRLConfig", "ShowTellRLOutput", "ShowTellRLPreTrainedModel", "ShowTellRLState"]
+
+# Registers the Auto classes (AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor).
+from rlcaption.models import auto  # noqa: E402, F401

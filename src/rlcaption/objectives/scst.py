@@ -53,7 +53,7 @@ class SCSTObjective(CaptionObjective):
         args, trainer = self.args, self.trainer
         num_samples = args.num_samples_per_image
         image_inputs = image_inputs_of(inputs)
-        references, image_ids = inputs["references"], inputs["image_id"]
+        references = inputs["references"]
         batch_size = len(references)
 
         # 1. sample k captions per image from the current policy

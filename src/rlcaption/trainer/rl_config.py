@@ -34,7 +34,10 @@ class RLCaptionConfig(TrainingArguments):
     )
     reward_weights: list[float] | None = field(
         default=None,
-        metadata={"help": "One weight per reward function; all 1.0 when unset."},
+        metadata={
+            "help": "One weight per reward function (names here or callables given to the trainer); all 1.0 "
+            "when unset."
+        },
     )
     document_frequencies: str | None = field(
         default=None,
@@ -76,8 +79,11 @@ class RLCaptionConfig(TrainingArguments):
     # > Evaluation during training
     eval_num_beams: int = field(default=3, metadata={"help": "Beam size of the captions scored during evaluation."})
     eval_metrics: list[str] = field(
-        default_factory=lambda: ["CIDEr", "Bleu_4"],
-        metadata={"help": "Caption metrics computed on the evaluation split (COCO toolkit names)."},
+        default_factory=lambda: ["cider", "bleu"],
+        metadata={
+            "help": "Caption metrics computed on the evaluation split (`bleu`, `meteor`, `rouge_l`, `cider`, `spice`, "
+            "`spider`); logged under the COCO toolkit's keys (`eval_CIDEr`, `eval_Bleu_4`, ...)."
+        },
     )
 
     # Changed defaults. Captions, references and image ids are not forward() arguments, so the Trainer must not
@@ -88,6 +94,11 @@ class RLCaptionConfig(TrainingArguments):
     )
     # A recipe's loss is logged often enough to see RL progress on small datasets.
     logging_steps: float = field(default=10, metadata={"help": "Log every X update steps."})
+    # Auxiliary heads (the seed 000 baseline MLP, value networks) receive no gradient under objectives that do not
+    # use them; DDP must then look for unused parameters instead of waiting for their gradients forever.
+    ddp_find_unused_parameters: bool | None = field(
+        default=True, metadata={"help": "Kept True: auxiliary heads are unused by some objectives."}
+    )
     report_to: str | list[str] | None = field(
         default="none", metadata={"help": "Integrations to report to; none by default (runs offline)."}
     )
@@ -104,11 +115,6 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"reward_weights has {len(self.reward_weights)} values for {len(self.reward_funcs)} reward functions "
-                f"({self.reward_funcs}); give one weight per function."
-            )
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
         if self.max_caption_length < 1:

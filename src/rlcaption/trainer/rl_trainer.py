@@ -45,14 +45,14 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     if not os.path.isdir(output_dir):
         return None
     pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-    steps = sorted(
-        (int(match.group(1)), name) for name in os.listdir(output_dir) if (match := pattern.match(name))
-    )
+    steps = sorted((int(match.group(1)), name) for name in os.listdir(output_dir) if (match := pattern.match(name)))
     for _, name in reversed(steps):
         folder = os.path.join(output_dir, name)
         if os.path.isfile(os.path.join(folder, _CHECKPOINT_COMPLETE_MARKER)):
             return folder
-        logger.warning(f"Skipping incomplete checkpoint {folder} (no {_CHECKPOINT_COMPLETE_MARKER}; interrupted save).")
+        logger.warning(
+            f"Skipping incomplete checkpoint {folder} (no {_CHECKPOINT_COMPLETE_MARKER}; interrupted save)."
+        )
     return None
 
 
@@ -89,7 +89,9 @@ class RLCaptionTrainer(Trainer):
         if not isinstance(args, RLCaptionConfig):
             raise TypeError(f"args must be an RLCaptionConfig, got {type(args).__name__}.")
         if processing_class is None:
-            raise ValueError("RLCaptionTrainer needs the processor (processing_class) to tokenize and decode captions.")
+            raise ValueError(
+                "RLCaptionTrainer needs the processor (processing_class) to tokenize and decode captions."
+            )
         objective_class = get_objective_class(args.objective)  # fails early on an unknown name
         if data_collator is None:
             data_collator = CaptionCollator(
@@ -141,7 +143,7 @@ class RLCaptionTrainer(Trainer):
                 f"The {reward_name!r} reward needs CIDEr-D document frequencies: pass a training dataset with a "
                 "`captions` column or set `document_frequencies` to a saved file."
             )
-        return train_dataset["captions"]
+        return list(train_dataset["captions"])
 
     def compute_rewards(
         self,
@@ -194,7 +196,9 @@ class RLCaptionTrainer(Trainer):
     def _generation_model(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.model)
 
-    def sample_captions(self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int) -> GeneratedCaptions:
+    def sample_captions(
+        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
+    ) -> GeneratedCaptions:
         """`num_return_sequences` captions per image by pure sampling at `args.temperature` (no top-k/top-p)."""
         return generate_captions(
             self._generation_model(),
@@ -206,7 +210,7 @@ class RLCaptionTrainer(Trainer):
             top_p=1.0,
             temperature=self.args.temperature,
             num_return_sequences=num_return_sequences,
-            max_new_tokens=self.args.max_caption_length,
+            max_length=self.args.max_caption_length + 1,  # + the start token
         )
 
     def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
@@ -217,7 +221,7 @@ class RLCaptionTrainer(Trainer):
             image_inputs,
             do_sample=False,
             num_beams=1,
-            max_new_tokens=self.args.max_caption_length,
+            max_length=self.args.max_caption_length + 1,  # + the start token
         )
 
     # ------------------------------------------------------------------ loss and logging
@@ -279,7 +283,7 @@ class RLCaptionTrainer(Trainer):
             batches,
             do_sample=False,
             num_beams=self.args.eval_num_beams,
-            max_new_tokens=self.args.max_caption_length,
+            max_length=self.args.max_caption_length + 1,  # + the start token
         )
         gathered = gather_object(predictions) if self.accelerator.num_processes > 1 else predictions
         # Uneven splits are padded with repeated rows across processes: keep one caption per image id.

@@ -1,0 +1,174 @@
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_tiny_model
+from safetensors.torch import load_file
+
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+
+
+def make_trainer(model, processor, dataset, tmp_path, reward_funcs=None, **overrides):
+    settings = {
+        "output_dir": str(tmp_path / "out"),
+        "use_cpu": True,
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 8,
+        "max_steps": 3,
+        "learning_rate": 1e-2,
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "max_caption_length": 12,
+        "num_samples_per_image": 3,
+        "seed": 0,
+    }
+    settings.update(overrides)
+    args = RLCaptionConfig(**settings)
+    return RLCaptionTrainer(
+        model=model,
+        args=args,
+        processing_class=processor,
+        train_dataset=dataset["train"],
+        eval_dataset=dataset["validation"],
+        reward_funcs=reward_funcs,
+    )
+
+
+def parameters_of(model):
+    return {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+
+
+def changed_parameters(before, model):
+    return [name for name, parameter in model.named_parameters() if not torch.equal(before[name], parameter)]
+
+
+def logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def test_xe_training_updates_the_captioner_and_logs_its_loss(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    before = parameters_of(tiny_model)
+    trainer = make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe")
+    trainer.train()
+    changed = changed_parameters(before, tiny_model)
+    assert any(name.startswith("lm_head") or "lstm" in name for name in changed)
+    losses = logged(trainer, "loss_xe")
+    assert len(losses) == 3 and all(math.isfinite(value) for value in losses)
+    # the first loss of an untrained model is about log(vocabulary size)
+    assert losses[0] == pytest.approx(math.log(len(tiny_processor.tokenizer)), rel=0.25)
+
+
+def test_scst_logs_each_reward_and_the_greedy_baseline(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    before = parameters_of(tiny_model)
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=["cider", "bleu"],
+        reward_weights=[1.0, 0.5],
+    )  # fmt: skip
+    trainer.train()
+    assert changed_parameters(before, tiny_model)
+    for key in ("reward/cider/mean", "reward/bleu_4/mean", "greedy/cider/mean", "reward", "loss_scst"):
+        values = logged(trainer, key)
+        assert values and all(math.isfinite(value) for value in values), key
+    total = logged(trainer, "reward")[0]
+    cider, bleu = logged(trainer, "reward/cider/mean")[0], logged(trainer, "reward/bleu_4/mean")[0]
+    assert total == pytest.approx(cider + 0.5 * bleu, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("baseline", ["greedy", "mean_of_others"])
+def test_constant_reward_gives_zero_policy_gradient(baseline, tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    def constant_reward(completions, **kwargs):
+        return [0.7] * len(completions)
+
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", baseline=baseline,
+        reward_funcs=[constant_reward],
+    )  # fmt: skip
+    batch = next(iter(trainer.get_train_dataloader()))
+    loss = trainer.compute_loss(tiny_model, trainer._prepare_inputs(batch))
+    assert loss.item() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_scst_increases_a_simple_reward(tiny_processor, tiny_shapes, tmp_path):
+    target_word = "red"
+    assert target_word in tiny_processor.tokenizer.get_vocab()
+
+    def word_reward(completions, **kwargs):
+        return [float(caption.split().count(target_word)) / max(1, len(caption.split())) for caption in completions]
+
+    model = make_tiny_model(tiny_processor, seed=1)
+    trainer = make_trainer(
+        model, tiny_processor, tiny_shapes, tmp_path, objective="scst", baseline="mean_of_others",
+        reward_funcs=[word_reward], max_steps=25, learning_rate=5e-2, num_samples_per_image=4,
+    )  # fmt: skip
+    trainer.train()
+    rewards = logged(trainer, "reward")
+    assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.1
+
+
+def test_non_finite_reward_names_the_function_and_keeps_checkpoints(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    calls = {"count": 0}
+
+    def flaky_reward(completions, **kwargs):
+        calls["count"] += 1
+        # the greedy baseline is scored after the samples: two calls per step
+        return [float("nan") if calls["count"] > 4 else 0.5] * len(completions)
+
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=[flaky_reward],
+        max_steps=4, save_strategy="steps", save_steps=1,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="flaky_reward"):
+        trainer.train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    assert (checkpoint / "trainer_state.json").is_file()
+    state = load_file(str(checkpoint / "model.safetensors"))
+    assert all(torch.isfinite(tensor).all() for tensor in state.values())
+
+
+def test_resume_from_checkpoint_reproduces_uninterrupted_training(tiny_processor, tiny_shapes, tmp_path):
+    straight = make_tiny_model(tiny_processor, seed=5)
+    make_trainer(straight, tiny_processor, tiny_shapes, tmp_path / "a", objective="xe", max_steps=4).train()
+
+    interrupted = make_tiny_model(tiny_processor, seed=5)
+    trainer = make_trainer(
+        interrupted, tiny_processor, tiny_shapes, tmp_path / "b", objective="xe", max_steps=4,
+        save_strategy="steps", save_steps=2,
+    )  # fmt: skip
+    trainer.train()
+    # simulate a crash after step 2: drop the last checkpoint and leave a half-written one behind
+    output_dir = tmp_path / "b" / "out"
+    os.remove(output_dir / "checkpoint-4" / "trainer_state.json")
+    resumed = make_tiny_model(tiny_processor, seed=99)
+    trainer = make_trainer(
+        resumed, tiny_processor, tiny_shapes, tmp_path / "b", objective="xe", max_steps=4,
+        save_strategy="steps", save_steps=2,
+    )  # fmt: skip
+    trainer.train(resume_from_checkpoint=True)
+    for (name, expected), actual in zip(straight.named_parameters(), resumed.parameters(), strict=True):
+        torch.testing.assert_close(actual, expected, msg=name)
+
+
+def test_evaluate_scores_beam_search_captions(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    trainer = make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe", eval_num_beams=2)
+    metrics = trainer.evaluate()
+    assert metrics["eval_num_images"] == tiny_shapes["validation"].num_rows
+    assert 0.0 <= metrics["eval_Bleu_4"] <= 1.0
+    assert metrics["eval_CIDEr"] >= 0.0
+
+
+def test_unknown_objective_and_reward_are_rejected(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    with pytest.raises(ValueError, match="Unknown objective 'ppo'.*scst"):
+        make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="ppo")
+    with pytest.raises(ValueError, match="cidr"):
+        make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=["cidr"])
+
+
+def test_reward_weights_must_match_the_reward_functions(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    with pytest.raises(ValueError, match="2 weights for 1 reward functions"):
+        make_trainer(
+            tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=["cider"],
+            reward_weights=[1.0, 0.5],
+        )  # fmt: skip

@@ -1,0 +1,60 @@
+"""Run by test_two_processes.py under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU)."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from conftest import IMAGE_SIZE, make_tiny_model
+
+from rlcaption.data import load_shapes
+from rlcaption.processing import CaptionProcessor
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+
+
+def main(output_dir: str, cache_dir: str) -> None:
+    shapes = load_shapes(
+        num_train=16, num_validation=6, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
+    )
+    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
+    processor = CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+    model = make_tiny_model(processor, seed=0)
+    initial = torch.cat([parameter.detach().flatten() for parameter in model.parameters()]).clone()
+    args = RLCaptionConfig(
+        output_dir=output_dir,
+        use_cpu=True,
+        objective="scst",
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=4,
+        max_steps=2,
+        learning_rate=1e-2,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        num_samples_per_image=2,
+        max_caption_length=10,
+    )
+    trainer = RLCaptionTrainer(
+        model=model,
+        args=args,
+        processing_class=processor,
+        train_dataset=shapes["train"],
+        eval_dataset=shapes["validation"],
+    )
+    trainer.train()
+    metrics = trainer.evaluate()
+    final = torch.cat([parameter.detach().flatten() for parameter in model.parameters()])
+    report = {
+        "world_size": trainer.accelerator.num_processes,
+        "backend": str(torch.distributed.get_backend()) if torch.distributed.is_initialized() else None,
+        "parameter_sum": float(final.double().sum()),
+        "changed": bool(not torch.equal(initial, final)),
+        "eval_num_images": metrics["eval_num_images"],
+        "eval_CIDEr": metrics["eval_CIDEr"],
+    }
+    rank = trainer.accelerator.process_index
+    Path(output_dir, f"rank{rank}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -184,6 +184,30 @@ def test_cache_gives_identical_scores_and_detects_changed_references(fakecap):
         scorer.score(candidates[:2], reference_lists[:2], keys=[keys[0], keys[0]])
 
 
+def test_batches_of_new_images_match_reference(fakecap):
+    """Scoring batch after batch adds the references' unseen n-grams to the vocabulary (past the point where they
+    are merged into the sorted tables); every batch must still equal the reference code."""
+    predictions, references = fakecap
+    keys = list(references)
+    df_corpus = [references[key] for key in keys[:20]]
+    scorer = CiderD(DocumentFrequencies.from_references(df_corpus))
+    _, expected = reference_fixed_df_scores(predictions, references, df_corpus)
+    ours = np.concatenate(
+        [
+            scorer.score([predictions[k] for k in batch], [references[k] for k in batch], keys=batch)
+            for batch in (keys[start : start + 100] for start in range(0, len(keys), 100))
+        ]
+    )
+    assert np.abs(ours - expected).max() <= 1e-6
+    corpus_fourgrams = sum(len(ngram) == 4 for ngram in scorer.document_frequencies.index)
+    assert len(scorer._vocabulary.sorted_pair_keys[4]) > corpus_fourgrams  # the merge really happened
+
+
+def test_document_frequencies_without_prefixes_are_rejected():
+    with pytest.raises(ValueError, match="Rebuild them"):
+        CiderD(DocumentFrequencies({("a",): 1, ("a", "b"): 1}, num_documents=1))
+
+
 def test_cache_bound():
     scorer = CiderD(DocumentFrequencies.from_references([["a b"], ["c d"]]), max_cached_images=2)
     scorer.score(["a", "b", "c"], [["a b"], ["c d"], ["e f"]], keys=[1, 2, 3])

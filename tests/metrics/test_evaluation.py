@@ -2,11 +2,14 @@
 
 import json
 import math
+import random
 import shutil
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlcaption.metrics import evaluation
 from rlcaption.metrics.bleu import compute_bleu
@@ -191,3 +194,23 @@ def test_meteor_runs_on_tokenized_captions():
     )
     assert corpus["METEOR"] == pytest.approx(expected_corpus, abs=1e-6)
     assert [per_caption["METEOR"][key] for key in predictions] == pytest.approx(expected_per_image, abs=1e-6)
+
+
+RAW_WORDS = st.sampled_from(["A", "cat", "Dog,", "on", "the", "mat.", "red", "(big)", "it's", "two", "runs!", "café"])
+RAW_CAPTIONS = st.lists(RAW_WORDS, min_size=0, max_size=15).map(" ".join)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    predictions=st.lists(RAW_CAPTIONS, min_size=1, max_size=4),
+    references=st.lists(st.lists(RAW_CAPTIONS, min_size=1, max_size=4), min_size=4, max_size=4),
+    seed=st.integers(0, 100),
+)
+def test_property_raw_captions_score_in_range_and_independent_of_reference_order(predictions, references, seed):
+    predictions = dict(enumerate(predictions))
+    references = {key: references[key] for key in predictions}
+    shuffled = {key: random.Random(seed + key).sample(captions, len(captions)) for key, captions in references.items()}
+    scores = evaluate_captions(predictions, references, metrics=JAVA_FREE)
+    assert all(0.0 <= scores[key] <= 1.0 + 1e-9 for key in ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L"))
+    assert 0.0 <= scores["CIDEr"] <= 10.0 + 1e-9
+    assert evaluate_captions(predictions, shuffled, metrics=JAVA_FREE) == pytest.approx(scores, abs=1e-9)

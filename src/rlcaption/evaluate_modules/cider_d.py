@@ -5,12 +5,9 @@ Load it offline from the installed package with `rlcaption.metrics.load_metric("
 Inputs are raw captions, tokenized like the COCO toolkit does (see `rlcaption.metrics.evaluate_captions`).
 """
 
-import os
-
 import datasets
 import evaluate
 
-from rlcaption.metrics.cider import DocumentFrequencies
 from rlcaption.metrics.evaluation import evaluate_captions
 
 _CITATION = """\
@@ -58,8 +55,6 @@ class CiderD(evaluate.Metric):
         )
 
     def _compute(self, predictions, references, tokenizer="fast", document_frequencies=None):
-        if isinstance(document_frequencies, (str, os.PathLike)):
-            document_frequencies = DocumentFrequencies.load(document_frequencies)
         return evaluate_captions(
             dict(enumerate(predictions)),
             dict(enumerate(references)),

@@ -9,6 +9,7 @@ frequencies, and per-caption scores come back keyed like the inputs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -97,7 +98,7 @@ def evaluate_captions(
     metrics: Sequence[str] | None = None,
     tokenizer: str = "fast",
     per_caption: bool = False,
-    document_frequencies: DocumentFrequencies | None = None,
+    document_frequencies: DocumentFrequencies | str | os.PathLike | None = None,
 ) -> dict[str, float] | tuple[dict[str, float], dict[str, dict[K, float]]]:
     """Score one caption per key against its references with the COCO caption metrics.
 
@@ -112,8 +113,9 @@ def evaluate_captions(
         tokenizer (`str`, *optional*, defaults to `"fast"`): `"fast"` (pure Python) or `"ptb"` (the toolkit's Java
             PTBTokenizer).
         per_caption (`bool`, *optional*, defaults to `False`): also return every key's scores.
-        document_frequencies (`DocumentFrequencies`, *optional*): CIDEr-D document frequencies from a training
-            corpus; `None` takes them from `references`, as the official evaluation does.
+        document_frequencies (`DocumentFrequencies` or path, *optional*): CIDEr-D document frequencies from a
+            training corpus, or the file they were saved to (`DocumentFrequencies.save`); `None` takes them from
+            `references`, as the official evaluation does.
 
     Returns:
         `dict[str, float]` keyed like the COCO toolkit (`Bleu_1`..`Bleu_4`, `METEOR`, `ROUGE_L`, `CIDEr`, `SPICE`,
@@ -137,6 +139,8 @@ def evaluate_captions(
     """
     names = resolve_metric_names(metrics)
     check_caption_corpus(predictions, references, "evaluate_captions")
+    if isinstance(document_frequencies, (str, os.PathLike)):
+        document_frequencies = DocumentFrequencies.load(document_frequencies)
     # fail before any work when a Java metric cannot run, rather than after minutes of scoring
     if "meteor" in names:
         check_java(8)

@@ -9,6 +9,7 @@ with a start token: our models (`input_ids` + `pixel_values`/`image_features`) a
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -117,24 +118,36 @@ def caption_token_mask(sequences: torch.LongTensor, eos_token_id: int) -> torch.
     return (ends_before == 0).float()
 
 
+def _accepts_image_index(model: nn.Module) -> bool:
+    return "image_index" in inspect.signature(model.forward).parameters
+
+
 def caption_logits(
     model: nn.Module,
     image_inputs: Mapping[str, torch.Tensor],
     input_ids: torch.LongTensor,
     attention_mask: torch.Tensor | None = None,
+    image_index: torch.LongTensor | None = None,
 ) -> torch.FloatTensor:
     """
     Next-token logits of given captions under teacher forcing: `logits[:, t]` scores token `t + 1`.
 
     Args:
         model: the (possibly DDP-wrapped) captioning model; gradients flow.
-        image_inputs: image tensors with one row per caption.
+        image_inputs: image tensors, one row per caption, or one row per image with `image_index`.
         input_ids (`torch.LongTensor` of shape `(N, T)`): captions starting with the start token.
+        image_index (`torch.LongTensor` of shape `(N,)`, *optional*): the row of each caption's image. Models
+            whose `forward` takes `image_index` encode each image once; others get the image rows repeated.
 
     Returns:
         `torch.FloatTensor` of shape `(N, T - 1, vocab_size)`.
     """
     unwrapped = model.module if hasattr(model, "module") else model
+    if image_index is not None:
+        if _accepts_image_index(unwrapped):
+            image_inputs = {**image_inputs, "image_index": image_index}
+        else:
+            image_inputs = repeat_image_inputs(image_inputs, image_index)
     if _is_encoder_decoder(unwrapped):
         outputs = model(**image_inputs, decoder_input_ids=input_ids, decoder_attention_mask=attention_mask)
     else:
@@ -147,13 +160,15 @@ def token_log_probs(
     image_inputs: Mapping[str, torch.Tensor],
     sequences: torch.LongTensor,
     attention_mask: torch.Tensor | None = None,
+    image_index: torch.LongTensor | None = None,
 ) -> torch.FloatTensor:
     """
-    Log-probability of each token of given captions (after the start token) under the model.
+    Log-probability of each token of given captions (after the start token) under the model; arguments as in
+    [`caption_logits`].
 
     Returns:
         `torch.FloatTensor` of shape `(N, T - 1)`; mask it with [`caption_token_mask`].
     """
-    logits = caption_logits(model, image_inputs, sequences, attention_mask)  # (N, T-1, V)
+    logits = caption_logits(model, image_inputs, sequences, attention_mask, image_index)  # (N, T-1, V)
     log_probs = F.log_softmax(logits.float(), dim=-1)
     return log_probs.gather(-1, sequences[:, 1:].unsqueeze(-1)).squeeze(-1)  # (N, T-1)

@@ -1,9 +1,8 @@
 import pytest
-import torch
 
 from rlcaption.data import load_shapes
-from rlcaption.models import ShowTellRL, ShowTellRLConfig
 from rlcaption.processing import CaptionProcessor
+from tiny_captioners import make_show_tell
 
 IMAGE_SIZE = 48  # small, and divisible by the 16x reduction of the tiny CNN
 
@@ -22,23 +21,8 @@ def tiny_processor(tiny_shapes):
     return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
 
 
-def make_tiny_model(processor, seed: int = 0, dropout: float = 0.0) -> ShowTellRL:
-    torch.manual_seed(seed)
-    tokenizer = processor.tokenizer
-    config = ShowTellRLConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        word_embedding_size=32,
-        encoder_type="cnn",
-        image_size=IMAGE_SIZE,
-        cnn_channels=[8, 8, 16, 16],
-        baseline_hidden_size=16,
-        dropout=dropout,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return ShowTellRL(config)
+def make_tiny_model(processor, seed: int = 0, dropout: float = 0.0):
+    return make_show_tell(processor, IMAGE_SIZE, seed=seed, dropout=dropout)
 
 
 @pytest.fixture

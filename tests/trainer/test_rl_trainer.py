@@ -4,10 +4,11 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_model
+from conftest import IMAGE_SIZE, make_tiny_model
 from safetensors.torch import load_file
 
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+from tiny_captioners import make_vision_encoder_decoder
 
 
 def make_trainer(model, processor, dataset, tmp_path, reward_funcs=None, **overrides):
@@ -172,3 +173,13 @@ def test_reward_weights_must_match_the_reward_functions(tiny_model, tiny_process
             tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=["cider"],
             reward_weights=[1.0, 0.5],
         )  # fmt: skip
+
+
+def test_scst_and_evaluation_work_with_a_transformers_vision_encoder_decoder(tiny_processor, tiny_shapes, tmp_path):
+    model = make_vision_encoder_decoder(tiny_processor, IMAGE_SIZE)
+    before = parameters_of(model)
+    trainer = make_trainer(model, tiny_processor, tiny_shapes, tmp_path, objective="scst", max_steps=2)
+    trainer.train()
+    assert changed_parameters(before, model)
+    assert logged(trainer, "reward/cider/mean")
+    assert trainer.evaluate()["eval_num_images"] == tiny_shapes["validation"].num_rows

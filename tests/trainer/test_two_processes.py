@@ -16,7 +16,12 @@ def test_scst_runs_in_two_cpu_processes_with_synchronised_weights(tmp_path):
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
         str(HERE / "two_process_training.py"), str(tmp_path / "out"), str(tmp_path / "cache"),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(HERE), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{HERE}{os.pathsep}{HERE.parent}",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     reports = [json.loads((tmp_path / "out" / f"rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..decoding import caption_token_mask, image_inputs_of, repeat_image_inputs, token_log_probs
+from ..decoding import caption_token_mask, image_inputs_of, token_log_probs
 from .base import CaptionObjective, register_objective
 
 __all__ = ["SCSTObjective", "policy_gradient_loss"]
@@ -79,7 +79,7 @@ class SCSTObjective(CaptionObjective):
         advantages = torch.as_tensor(rewards - baselines, dtype=torch.float32, device=samples.sequences.device)
 
         # 3. policy gradient on the samples' log-probabilities (with gradient, through the wrapped model)
-        log_probs = token_log_probs(model, repeat_image_inputs(image_inputs, sample_index), samples.sequences)
+        log_probs = token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
         mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
         trainer.record_metric("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
         trainer.record_metric("sample_length", float(mask.sum(dim=1).mean()))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decoding import caption_logits, image_inputs_of, repeat_image_inputs
+from ..decoding import caption_logits, image_inputs_of
 from .base import CaptionObjective, register_objective
 
 __all__ = ["XEObjective"]
@@ -27,8 +27,9 @@ class XEObjective(CaptionObjective):
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         input_ids = inputs["caption_input_ids"]  # (N, T)
         attention_mask = inputs["caption_attention_mask"]  # (N, T)
-        image_inputs = repeat_image_inputs(image_inputs_of(inputs), inputs["caption_image_index"])
-        logits = caption_logits(model, image_inputs, input_ids, attention_mask)  # (N, T-1, V)
+        logits = caption_logits(
+            model, image_inputs_of(inputs), input_ids, attention_mask, image_index=inputs["caption_image_index"]
+        )  # (N, T-1, V)
         targets = input_ids[:, 1:].masked_fill(attention_mask[:, 1:] == 0, -100)  # (N, T-1)
         loss = F.cross_entropy(
             logits.reshape(-1, logits.size(-1)).float(),

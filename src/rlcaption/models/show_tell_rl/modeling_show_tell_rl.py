@@ -278,6 +278,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         attention_mask: torch.LongTensor | None = None,
         past_key_values: ShowTellRLState | None = None,
         labels: torch.LongTensor | None = None,
+        image_index: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
@@ -299,6 +300,10 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Causal-LM targets: `logits[:, t]` is scored against `labels[:, t + 1]`; -100 and `pad_token_id`
                 are ignored. Usually `labels = input_ids`.
+            image_index (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
+                For several captions per image: the row of each caption's image in `pixel_values`/`image_features`
+                (which then hold each image once). Images are encoded once and their state shared by their captions,
+                instead of encoding repeated copies.
             use_cache (`bool`, *optional*):
                 Return the final state as `past_key_values`. Defaults to True in eval mode and False in training
                 mode, where the state is not needed and right-padded batches take a faster path.
@@ -316,7 +321,12 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         return_dict = self.config.return_dict if return_dict is None else return_dict
 
         # 1. starting state: after the image, or the given cache
-        state = past_key_values if past_key_values is not None else self.initial_state(pixel_values, image_features)
+        if past_key_values is not None:
+            state = past_key_values
+        else:
+            state = self.initial_state(pixel_values, image_features)
+            if image_index is not None:
+                state = ShowTellRLState(state.hidden[:, image_index], state.cell[:, image_index], state.seq_length)
         # 2. LSTM over the words
         step_mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :].bool()
         word_embeddings = self.word_embeddings(input_ids)  # (B, T, W)

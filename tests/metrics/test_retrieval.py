@@ -101,7 +101,7 @@ def test_matches_sorting_on_random_embeddings_without_ties():
     "texts, images, kwargs, message",
     [
         (np.zeros((2, 2)), np.eye(2), {}, "zero vectors"),
-        (np.eye(2), np.eye(3)[:, :2], {}, "pass `text_to_image_index`"),
+        (np.eye(2), HAND_IMAGES, {}, "pass `text_to_image_index`"),
         (np.ones((2, 3)), np.eye(2), {}, "dims 3 and 2 differ"),
         (np.eye(2), np.eye(2), {"text_to_image_index": [0, 0]}, r"Images \[1\] have no text"),
         (np.eye(2), np.eye(2), {"text_to_image_index": [0, 5]}, r"entries \[5\]"),

@@ -198,9 +198,10 @@ def compute_spice(
         completed = subprocess.run(command, cwd=work_dir, capture_output=True, check=False)
         if completed.returncode != 0 or not output_path.is_file():
             stderr = completed.stderr.decode("utf-8", errors="replace").strip()
+            shown_command = " ".join(command).replace(command[3], f"<{len(classpath)} jars, see check_spice()>")
             raise RuntimeError(
-                f"SPICE failed (exit code {completed.returncode}) running {' '.join(command)}; "
-                f"its stderr ended with: {stderr[-3000:] or '(nothing)'}"
+                f"SPICE failed (exit code {completed.returncode}); its stderr ended with: "
+                f"{stderr[-3000:] or '(nothing)'} (command: {shown_command})"
             )
         results = json.loads(output_path.read_text(encoding="utf-8"))
     scores_by_position = {int(item["image_id"]): _spice_f_score(item["scores"]["All"]["f"]) for item in results}

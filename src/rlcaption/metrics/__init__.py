@@ -1,15 +1,18 @@
 """Caption metrics computed exactly as the COCO caption evaluation code does, fast.
 
 `evaluate_captions` is the entry point for corpus evaluation; every metric is also a plain function on tokenized
-captions (`compute_bleu`, `compute_rouge_l`, `compute_cider_d`, `compute_meteor`, ...) returning the corpus score
-and the per-image scores, and an `evaluate` module (`load_metric`). Nothing here imports torch.
+captions (`compute_bleu`, `compute_rouge_l`, `compute_cider_d`, `compute_meteor`, `compute_spice`) returning the
+corpus score and the per-image scores, and an `evaluate` module (`load_metric`). Diversity (`div_n`, `mbleu`,
+`self_bleu`, ...) and retrieval recall (`retrieval_recall`) sit beside them. Nothing here imports torch.
 """
 
 from .bleu import compute_bleu, corpus_bleu_statistics
 from .cider import CiderD, DocumentFrequencies, compute_cider_d
+from .diversity import copy_rate, div_n, mbleu, self_bleu, set_diversity, vocabulary_size
 from .evaluation import AVAILABLE_METRICS, EVALUATE_MODULES, evaluate_captions, load_metric, tokenize_captions
 from .java import check_java, find_java
 from .meteor import MeteorScorer, compute_meteor
+from .retrieval import retrieval_recall
 from .rouge import compute_rouge_l
 from .spice import check_spice, compute_spice, download_spice
 from .tokenization import PUNCTUATIONS, normalize_caption, tokenize_caption, tokenize_corpus
@@ -28,13 +31,20 @@ __all__ = [
     "compute_meteor",
     "compute_rouge_l",
     "compute_spice",
+    "copy_rate",
     "corpus_bleu_statistics",
+    "div_n",
     "download_spice",
     "evaluate_captions",
     "find_java",
     "load_metric",
+    "mbleu",
     "normalize_caption",
+    "retrieval_recall",
+    "self_bleu",
+    "set_diversity",
     "tokenize_caption",
     "tokenize_captions",
     "tokenize_corpus",
+    "vocabulary_size",
 ]

@@ -10,9 +10,11 @@ per-image scores. METEOR runs when Java and `rlcaption.metrics.meteor` are avail
 
 Part 2 (training loop): `--num-batches` batches of `--batch-size` raw captions for random images, scored by the
 `cider` reward (document frequencies of the 5,000 images' references computed once, reference vectors cached per
-`image_id`, raw captions tokenized inside the reward) and by pycocoevalcap's `CiderScorer` per batch with the same
-document frequencies and pre-tokenized captions (its `ref_len` set to log(number of images in the df corpus), as
-self-critical.pytorch's CiderD does).
+`image_id`, raw captions tokenized inside the reward, the tokenizer's memo of recent captions cleared before every
+batch) and by pycocoevalcap's `CiderScorer` per batch with the same document frequencies and pre-tokenized captions
+(its `ref_len` set to log(number of images in the df corpus), as self-critical.pytorch's CiderD does). The first pass
+over the batches builds the reference vectors of each image on first sight ("references uncached"); the second pass
+finds them all cached, as from the second epoch of training on.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 from pycocoevalcap.rouge.rouge import Rouge
 
+from rlcaption.metrics import tokenization
 from rlcaption.metrics.bleu import compute_bleu
 from rlcaption.metrics.cider import CiderD, DocumentFrequencies, compute_cider_d
 from rlcaption.metrics.rouge import compute_rouge_l
@@ -52,6 +55,14 @@ class FixedDocumentFrequencyCiderScorer(CiderScorer):
         super().__init__(n=4, sigma=6.0)
         self.document_frequency = document_frequency
         self._fixed_ref_len = np.log(float(num_documents))
+
+
+def clear_tokenizer_cache() -> None:
+    """Forget the tokenizer's memo of recent captions, so every batch tokenizes its completions from scratch (as
+    freshly sampled captions are) although this benchmark draws them from a small pool."""
+    memo = getattr(tokenization, "_tokenize_cached", None)
+    if memo is not None:
+        memo.cache_clear()
 
 
 def timed(function: Callable[[], object]) -> tuple[object, float]:
@@ -139,7 +150,7 @@ def corpus_rows(
             try:
                 return scorer.compute_score(references, theirs_predictions)
             finally:
-                scorer.close()
+                del scorer  # its __del__ stops the JVM
 
         add(
             "METEOR (incl. JVM start)",
@@ -176,6 +187,7 @@ def training_loop_rows(
     ours_values, ours_seconds = [], 0.0
     for batch_ids, batch_candidates in batches:
         references = [raw_references[image_id] for image_id in batch_ids]
+        clear_tokenizer_cache()
         values, seconds = timed(
             lambda: reward(completions=batch_candidates, references=references, image_id=batch_ids)  # noqa: B023
         )
@@ -185,6 +197,7 @@ def training_loop_rows(
     warm_seconds = 0.0
     for batch_ids, batch_candidates in batches:
         references = [raw_references[image_id] for image_id in batch_ids]
+        clear_tokenizer_cache()
         _, seconds = timed(
             lambda: reward(completions=batch_candidates, references=references, image_id=batch_ids)  # noqa: B023
         )
@@ -220,21 +233,21 @@ def training_loop_rows(
     label = f"{num_batches} x {batch_size}"
     return [
         {
-            "metric": f"cider reward, raw captions, cold cache ({label})",
+            "metric": f"cider reward, raw captions, references uncached ({label})",
             "ours_s": ours_seconds,
             "reference_s": theirs_seconds,
             "speedup": theirs_seconds / ours_seconds,
             "max_abs_delta": max_abs_delta,
         },
         {
-            "metric": f"cider reward, raw captions, warm cache ({label})",
+            "metric": f"cider reward, raw captions, references cached ({label})",
             "ours_s": warm_seconds,
             "reference_s": theirs_seconds,
             "speedup": theirs_seconds / warm_seconds,
             "max_abs_delta": max_abs_delta,
         },
         {
-            "metric": f"CiderD.score, tokenized captions, warm cache ({label})",
+            "metric": f"CiderD.score, tokenized captions, references cached ({label})",
             "ours_s": scorer_seconds,
             "reference_s": theirs_seconds,
             "speedup": theirs_seconds / scorer_seconds,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 
-from rlcaption.metrics.cider import CiderD, DocumentFrequencies, compute_cider_d, ngram_counts
+from rlcaption.metrics.cider import CiderD, DocumentFrequencies, compute_cider_d
 from rlcaption.metrics.tokenization import normalize_caption
 
 FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
@@ -99,14 +99,15 @@ def test_training_corpus_document_frequencies_match_reference(fakecap):
     assert abs(corpus - own_corpus) > 1e-3
 
 
-def test_document_frequencies_equal_reference_counts(fakecap):
+@pytest.mark.parametrize("images_per_chunk", [20_000, 7])
+def test_document_frequencies_equal_reference_counts(fakecap, images_per_chunk):
     _, references = fakecap
-    corpus = list(references.values())[:300]
-    ours = DocumentFrequencies.from_references(corpus)
+    corpus = list(references.values())[:300] + [[""], ["a b a b"]]
+    ours = DocumentFrequencies.from_references(corpus, images_per_chunk=images_per_chunk)
     theirs = reference_document_frequencies(corpus)
     assert len(ours) == len(theirs)
     assert all(ours[ngram] == count for ngram, count in theirs.items())
-    assert ours.num_documents == 300
+    assert ours.num_documents == 302
 
 
 def test_hand_computed_score():
@@ -128,12 +129,6 @@ def test_hand_computed_score():
     bigram_cosine = math.log(2) ** 2 / (math.hypot(math.log(2), math.log(2)) * math.log(2))
     expected = 10 * (unigram_cosine + bigram_cosine) / 4 * math.exp(-1 / 72)
     assert per_image["A"] == pytest.approx(expected, abs=1e-12)
-
-
-def test_ngram_counts():
-    counts = ngram_counts("a b a b".split())
-    assert counts[("a",)] == 2 and counts[("a", "b")] == 2 and counts[("b", "a")] == 1
-    assert counts[("a", "b", "a", "b")] == 1 and sum(counts.values()) == 4 + 3 + 2 + 1
 
 
 @pytest.mark.parametrize("suffix", [".json", ".json.gz"])

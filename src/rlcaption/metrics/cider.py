@@ -11,9 +11,10 @@ or from a training corpus computed once (`DocumentFrequencies`, the usual choice
 training does: the IDF's `log(num_documents)` then counts the images of that corpus).
 
 `CiderD` is the fast scorer shared by `compute_cider_d` and the `cider` reward: reference n-gram vectors are built once
-per image key and cached; a batch of candidates is scored with a handful of NumPy operations over all candidates and
-references together (n-grams mapped to integer ids, sparse vectors as sorted id arrays, matches found with one
-`searchsorted`).
+per image key and cached; a batch of candidates is scored with NumPy operations over all candidates and references
+together: words are looked up once in a dict, n-grams get integer ids order by order from (prefix id, word id) pairs,
+sparse TF-IDF vectors are sorted id arrays, and clipped dot products come from one `searchsorted` and a few
+`bincount`s. The Python work is per word, not per n-gram.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import json
 import math
 import os
 import tempfile
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -32,36 +33,40 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["DocumentFrequencies", "CiderD", "compute_cider_d", "ngram_counts"]
+__all__ = ["DocumentFrequencies", "CiderD", "compute_cider_d"]
 
 K = TypeVar("K", bound=Hashable)
 
 _FILE_FORMAT = "rlcaption.cider.document_frequencies"
 _FILE_VERSION = 1
-# Candidate and reference n-gram ids are combined with the batch row into one int64 key `row * stride + id`, so that a
-# single sorted array holds the reference vectors of the whole batch. 2**32 ids and 2**31 rows fit in an int64.
+# Two ints are packed into one int64 key `high * stride + low` for sorting and searching: (batch row, n-gram id), so
+# that one sorted array holds the reference vectors of a whole batch, and (prefix id, last word id), to identify an
+# n-gram. Ids below 2**32 and high parts below 2**31 fit.
 _KEY_STRIDE = 2**32
-
-
-def ngram_counts(words: Sequence[str], max_n: int = 4) -> Counter[tuple[str, ...]]:
-    """Counts of all n-grams of orders 1..`max_n` of a token sequence (the COCO code's `precook`).
-
-    Args:
-        words (`Sequence[str]`): the tokens of one caption.
-        max_n (`int`, defaults to 4): the highest n-gram order.
-
-    Returns:
-        `Counter[tuple[str, ...]]`: term frequency of every n-gram, keyed by the tuple of its tokens.
-    """
-    ngrams = list(zip(words, strict=True))
-    for order in range(2, max_n + 1):
-        ngrams += zip(*(words[start:] for start in range(order)), strict=False)
-    return Counter(ngrams)
 
 
 def _grouped_sum(groups: np.ndarray, values: np.ndarray, num_groups: int) -> np.ndarray:
     """Sum of `values` per group id in `range(num_groups)`: `(num_groups,)` float64 (also when there are none)."""
     return np.bincount(groups, weights=values, minlength=num_groups).astype(np.float64, copy=False)
+
+
+def _chunks(items: Iterable, size: int) -> Iterable[list]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _count_images_per_ngram(image_of_entry: np.ndarray, ngram_ids: np.ndarray) -> np.ndarray:
+    """Number of distinct images per n-gram id, from (image, id) entries that may repeat: `(max id + 1,)`."""
+    # a sort-based unique: NumPy's hash-based `np.unique` is far slower on these keys
+    keys = np.sort(image_of_entry * _KEY_STRIDE + ngram_ids)
+    distinct = np.concatenate([keys[:1] >= 0, keys[1:] != keys[:-1]])
+    return np.bincount(keys[distinct] % _KEY_STRIDE)
 
 
 def _as_reference_list(references: Sequence[str]) -> Sequence[str]:
@@ -113,35 +118,38 @@ class DocumentFrequencies:
             )
 
     @classmethod
-    def from_references(cls, references: Iterable[Sequence[str]], max_n: int = 4) -> DocumentFrequencies:
+    def from_references(
+        cls, references: Iterable[Sequence[str]], max_n: int = 4, images_per_chunk: int = 20_000
+    ) -> DocumentFrequencies:
         """Counts document frequencies over a corpus of tokenized reference lists (one list per image).
 
         Args:
             references (`Iterable[Sequence[str]]`): for every image, its reference captions as space-joined tokens
                 (e.g. the output of `normalize_caption`).
             max_n (`int`, defaults to 4): the highest n-gram order.
+            images_per_chunk (`int`, defaults to 20000): images counted together, which bounds the memory of the
+                n-gram arrays on large corpora.
 
         Returns:
             `DocumentFrequencies`
         """
-        counted = (
-            [ngram_counts(reference.split(), max_n) for reference in _as_reference_list(image_references)]
-            for image_references in references
-        )
-        return cls.from_ngram_counts(counted, max_n)
-
-    @classmethod
-    def from_ngram_counts(
-        cls, reference_ngram_counts: Iterable[Sequence[Mapping[tuple[str, ...], int]]], max_n: int = 4
-    ) -> DocumentFrequencies:
-        """Like `from_references`, from the n-gram counts of every reference (a list of `ngram_counts` per image)."""
-        counts: Counter[tuple[str, ...]] = Counter()
+        vocabulary = _NgramVocabulary(max_n)
+        document_frequency = np.zeros(0, dtype=np.int64)
         num_documents = 0
-        for image_counts in reference_ngram_counts:
-            counts.update(set(chain.from_iterable(image_counts)))
-            num_documents += 1
+        for chunk in _chunks(references, images_per_chunk):
+            word_lists, image_of_reference = [], []
+            for image, image_references in enumerate(chunk):
+                for reference in _as_reference_list(image_references):
+                    word_lists.append(reference.split())
+                    image_of_reference.append(image)
+            rows, _, ids, *_ = vocabulary.count_batch(word_lists, assign=True)
+            chunk_frequency = _count_images_per_ngram(np.asarray(image_of_reference, np.int64)[rows], ids)
+            document_frequency = np.pad(document_frequency, (0, vocabulary.size - len(document_frequency)))
+            document_frequency[: len(chunk_frequency)] += chunk_frequency
+            num_documents += len(chunk)
         if num_documents == 0:
             raise ValueError("Cannot compute document frequencies from an empty corpus: pass at least one image.")
+        counts = dict(zip(vocabulary.ngrams(), document_frequency.tolist(), strict=True))
         return cls(counts, num_documents, max_n)
 
     @property
@@ -298,6 +306,20 @@ class _NgramVocabulary:
         by_key = np.argsort(keys, kind="stable")
         self.sorted_pair_keys[order], self.sorted_pair_ids[order] = keys[by_key], ids[by_key]
 
+    def ngrams(self) -> list[tuple[str, ...]]:
+        """The n-gram of every id, as a tuple of words: `(size,)`."""
+        ngrams: list[tuple[str, ...] | None] = [None] * self.size
+        for word, word_id in self.word_ids.items():
+            ngrams[word_id] = (word,)
+        for order in self.sorted_pair_keys:
+            pairs = chain(
+                zip(self.sorted_pair_keys[order].tolist(), self.sorted_pair_ids[order].tolist(), strict=True),
+                self.pending_pair_ids[order].items(),
+            )
+            for key, ngram_id in pairs:
+                ngrams[ngram_id] = ngrams[key // _KEY_STRIDE] + ngrams[key % _KEY_STRIDE]
+        return ngrams
+
     def _pair_ids(self, order: int, keys: np.ndarray, assign: bool) -> np.ndarray:
         """Ids of the n-grams with the given (prefix id, last word id) keys; new ids when `assign`, else -1."""
         table = self.sorted_pair_keys[order]
@@ -443,16 +465,16 @@ class CiderD:
         cls, keys: Sequence[Hashable], reference_lists: Sequence[Sequence[str]], sigma: float
     ) -> tuple[CiderD, list[_ReferenceVectors]]:
         """A scorer whose document frequencies come from the evaluated references (the official COCO evaluation),
-        counted from the same n-gram ids as the reference vectors, and those vectors."""
+        counted from the same n-gram ids as the reference vectors, and those vectors.
+
+        The counts exist only as IDF weights by id: the scorer's `document_frequencies` attribute stays empty.
+        """
         scorer = cls(DocumentFrequencies({}, num_documents=len(reference_lists)), sigma=sigma)
         counted = scorer._count_references(keys, reference_lists)
         rows, _, ids, _, image_of_reference = counted[:5]
-        # df: number of images whose references contain the n-gram (a sort-based unique: NumPy's hash-based one is
-        # far slower on these keys)
-        image_ngram_keys = np.sort(image_of_reference[rows] * _KEY_STRIDE + ids)
-        distinct = np.concatenate([image_ngram_keys[:1] >= 0, image_ngram_keys[1:] != image_ngram_keys[:-1]])
-        image_ids = image_ngram_keys[distinct] % _KEY_STRIDE
-        document_frequency = np.bincount(image_ids, minlength=scorer._vocabulary.size)
+        document_frequency = np.zeros(scorer._vocabulary.size, dtype=np.int64)
+        images_per_ngram = _count_images_per_ngram(image_of_reference[rows], ids)
+        document_frequency[: len(images_per_ngram)] = images_per_ngram
         scorer._corpus_idf = scorer._log_num_documents - np.log(np.maximum(document_frequency, 1).astype(np.float64))
         return scorer, scorer._reference_vectors(reference_lists, *counted)
 

@@ -30,10 +30,12 @@ class DemoSettings:
     num_train: int = 4000
     num_validation: int = 200
     num_test: int = 500
-    hidden_size: int = 256
-    xe_epochs: float = 6
+    image_size: int = 48
+    cnn_channels: tuple[int, ...] = (16, 32, 32, 32)
+    hidden_size: int = 128
+    xe_epochs: float = 4
     xe_learning_rate: float = 2e-3
-    scst_epochs: float = 3
+    scst_epochs: float = 2
     scst_learning_rate: float = 2e-4
     batch_size: int = 32
     num_samples_per_image: int = 5
@@ -82,9 +84,11 @@ def run_demo(output_dir: str = "runs/demo", quick: bool = False) -> dict[str, di
     start = time.perf_counter()
 
     # 1. data and vocabulary
-    shapes = load_shapes(settings.num_train, settings.num_validation, settings.num_test, seed=settings.seed)
+    shapes = load_shapes(
+        settings.num_train, settings.num_validation, settings.num_test, settings.image_size, seed=settings.seed
+    )
     train_captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    processor = CaptionProcessor.from_captions(train_captions, min_count=1, image_size=64)
+    processor = CaptionProcessor.from_captions(train_captions, min_count=1, image_size=settings.image_size)
     print(f"[demo] shapes: {dict(shapes.num_rows)} images, vocabulary {len(processor.tokenizer)} words")
 
     # 2. teacher forcing
@@ -94,7 +98,8 @@ def run_demo(output_dir: str = "runs/demo", quick: bool = False) -> dict[str, di
         hidden_size=settings.hidden_size,
         word_embedding_size=settings.hidden_size,
         encoder_type="cnn",
-        image_size=64,
+        image_size=settings.image_size,
+        cnn_channels=list(settings.cnn_channels),
         dropout=0.2,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

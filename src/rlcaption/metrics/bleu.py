@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["check_caption_corpus", "compute_bleu", "corpus_bleu_statistics"]
+__all__ = ["bleu_from_statistics", "check_caption_corpus", "compute_bleu", "corpus_bleu_statistics"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -104,7 +104,7 @@ def _image_statistics(prediction: str, references: Sequence[str], max_n: int) ->
     return candidate_length, closest_length, guessed, matched
 
 
-def _bleu_from_statistics(
+def bleu_from_statistics(
     candidate_length: float, reference_length: float, guessed: Sequence[int], matched: Sequence[int]
 ) -> list[float]:
     # the same operations in the same order as the COCO code, so the floats agree exactly
@@ -171,5 +171,5 @@ def compute_bleu(
         raise ValueError(f"max_n={max_n} must be at least 1 (BLEU-1).")
     keys = check_caption_corpus(predictions, references, "BLEU")
     statistics = [_image_statistics(predictions[key], references[key], max_n) for key in keys]
-    per_image = {key: _bleu_from_statistics(*image) for key, image in zip(keys, statistics, strict=True)}
-    return _bleu_from_statistics(*_pool(statistics, max_n)), per_image
+    per_image = {key: bleu_from_statistics(*image) for key, image in zip(keys, statistics, strict=True)}
+    return bleu_from_statistics(*_pool(statistics, max_n)), per_image

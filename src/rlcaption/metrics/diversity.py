@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-from .bleu import _bleu_from_statistics, compute_bleu
+from .bleu import bleu_from_statistics, compute_bleu
 from .tokenization import normalize_caption
 
 __all__ = [
@@ -190,7 +190,7 @@ def self_bleu(
             others_max = first_count[ngram] if first_owner[ngram] != index else second_count[ngram]
             matched[len(ngram) - 1] += min(count, others_max)
         guessed = [max(0, length - order + 1) for order in range(1, max_n + 1)]
-        total += _bleu_from_statistics(length, closest_other_length(length), guessed, matched)[max_n - 1]
+        total += bleu_from_statistics(length, closest_other_length(length), guessed, matched)[max_n - 1]
     return total / len(indices)
 
 

@@ -2,11 +2,13 @@
 
 from .base import CaptionObjective, available_objectives, get_objective_class, register_objective
 from .scst import SCSTObjective, policy_gradient_loss
+from .spider_pg import SpiderPGObjective
 from .xe import XEObjective
 
 __all__ = [
     "CaptionObjective",
     "SCSTObjective",
+    "SpiderPGObjective",
     "XEObjective",
     "available_objectives",
     "get_objective_class",

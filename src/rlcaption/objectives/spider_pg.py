@@ -1,0 +1,413 @@
+"""
+SPIDEr policy gradient (seed 000; Liu et al., "Improved Image Captioning via Policy Gradient optimization of SPIDEr",
+ICCV 2017; SPEC.md "Seed 000").
+
+For each image, M captions `g_{1:T}` are sampled from the policy. For every step t of a sampled caption, K Monte-Carlo
+rollouts continue the prefix `g_{1:t}` with the current policy and
+
+    Q(g_{1:t-1}, g_t) ≈ (1/K) Σ_k R(g_{1:t} ; g^k_{t+1:T})                      (paper, eq. 9)
+
+with Q = R(g_{1:T}) itself at the last step (the end token, or the last token at the maximum length). A baseline
+`B_phi(s_t)`, the model's MLP head on the detached LSTM hidden state, is fitted to Q by mean squared error, and the
+policy follows
+
+    ∇θ V(s_0) ≈ Σ_t (Q(s_t, g_t) − B_phi(s_t)) ∇θ log π_θ(g_t | s_t).          (paper, eq. 12)
+
+All prefixes × rollouts of a batch are decoded together: the LSTM state after every prefix comes from one pass over the
+sampled captions ([`ShowTellRL.prefix_states`]), is repeated K times, and all rows are stepped in one loop until they
+end; prefixes are never re-encoded. [`sample_rollouts_per_prefix`] is the plain one-prefix-at-a-time version, kept as
+the reference the batched decoder is tested and benchmarked against.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..decoding import caption_token_mask, image_inputs_of, repeat_image_inputs
+from ..models.show_tell_rl.modeling_show_tell_rl import ShowTellRLState
+from .base import CaptionObjective, register_objective
+from .scst import policy_gradient_loss
+
+__all__ = [
+    "Rollouts",
+    "SpiderPGObjective",
+    "monte_carlo_q_values",
+    "rollout_prefixes",
+    "sample_rollouts",
+    "sample_rollouts_per_prefix",
+    "spider_pg_losses",
+]
+
+
+@dataclass
+class Rollouts:
+    """
+    Captions completed from prefixes of sampled captions, K rows per prefix.
+
+    Args:
+        sequences (`torch.LongTensor` of shape `(R, max_length + 1)`):
+            Start token, the prefix `g_{1:t}`, then the sampled continuation; padded after the end token.
+        caption_index (`torch.LongTensor` of shape `(R,)`):
+            Row of the sampled caption whose prefix each rollout continues.
+        prefix_length (`torch.LongTensor` of shape `(R,)`):
+            t, the number of sampled tokens kept (`1 <= t < ` the caption's length).
+    """
+
+    sequences: torch.LongTensor
+    caption_index: torch.LongTensor
+    prefix_length: torch.LongTensor
+
+
+def rollout_prefixes(token_mask: torch.Tensor, num_rollouts: int) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """
+    The prefixes that need rollouts: every step of every caption except its last, each repeated `num_rollouts` times.
+
+    Args:
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): [`caption_token_mask`] of the sampled captions.
+
+    Returns:
+        `(caption_index, prefix_length)`, each `torch.LongTensor` of shape `(R,)` with
+        `R = num_rollouts * Σ_n (length_n − 1)`, grouped by caption, then prefix, then rollout.
+    """
+    lengths = token_mask.sum(dim=1).long()  # (N,)
+    positions = torch.arange(token_mask.size(1), device=token_mask.device)
+    needs_rollout = positions[None, :] < (lengths[:, None] - 1)  # (N, T): prefixes g_{1:t} with t < length
+    caption_index, position = needs_rollout.nonzero(as_tuple=True)
+    return caption_index.repeat_interleave(num_rollouts), (position + 1).repeat_interleave(num_rollouts)
+
+
+def _sample_from(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float) -> torch.LongTensor:
+    """
+    Inverse-CDF sampling, one token per row: `uniforms` `(R,)` in [0, 1) fix the draws, so that two decoders that
+    consume the same uniforms for the same rollout step sample the same tokens. Zero-probability tokens are never
+    chosen (the CDF does not rise on them) and the normalised CDF ends at exactly 1.
+    """
+    cumulative = torch.softmax(logits.float() / temperature, dim=-1).cumsum(dim=-1)  # (R, V)
+    cumulative = cumulative / cumulative[:, -1:]
+    return torch.searchsorted(cumulative, uniforms[:, None].to(cumulative.dtype), right=True).squeeze(1)
+
+
+@contextmanager
+def _evaluation_mode(model: nn.Module) -> Iterator[None]:
+    """Rollouts sample from the policy itself: no dropout, no gradient; the previous mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _empty_rollouts(sequences: torch.LongTensor, max_length: int, pad_token_id: int) -> Rollouts:
+    empty = torch.zeros(0, dtype=torch.long, device=sequences.device)
+    return Rollouts(sequences.new_full((0, max_length + 1), pad_token_id), empty, empty)
+
+
+def _prefix_sequences(
+    sequences: torch.LongTensor, caption_index: torch.LongTensor, prefix_length: torch.LongTensor, width: int, pad: int
+) -> torch.LongTensor:
+    """`<bos> g_{1:t}` of each rollout row, padded to `width` columns: `(R, width)`."""
+    rows = sequences.index_select(0, caption_index)[:, :width]  # (R, <= width)
+    full = sequences.new_full((rows.size(0), width), pad)
+    full[:, : rows.size(1)] = rows
+    positions = torch.arange(width, device=sequences.device)
+    return full.masked_fill(positions[None, :] > prefix_length[:, None], pad)
+
+
+def sample_rollouts(
+    model: nn.Module,
+    image_inputs: Mapping[str, torch.Tensor],
+    sequences: torch.LongTensor,
+    token_mask: torch.Tensor,
+    num_rollouts: int,
+    max_length: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    image_index: torch.LongTensor | None = None,
+    temperature: float = 1.0,
+    uniforms: torch.Tensor | None = None,
+) -> Rollouts:
+    """
+    Completes every prefix of every sampled caption `num_rollouts` times with the current policy, all in one batched
+    decoding loop that continues from the LSTM state after each prefix.
+
+    Args:
+        model: a recurrent captioner with `prefix_states` and `step` ([`ShowTellRL`]); run without dropout or grad.
+        image_inputs: image tensors, one row per image (with `image_index`) or per caption.
+        sequences (`torch.LongTensor` of shape `(N, T + 1)`): sampled captions, the start token first.
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): their [`caption_token_mask`].
+        num_rollouts: K, completions per prefix.
+        max_length: the most generated tokens a caption may have (prefix + continuation).
+        image_index (`torch.LongTensor` of shape `(N,)`, *optional*): the image row of each caption.
+        temperature: sampling temperature of the policy.
+        uniforms (`torch.FloatTensor` of shape `(R, max_length)`, *optional*): the uniform draws choosing token j of
+            rollout row r (inverse-CDF sampling); drawn from torch's global generator when `None`. Row order is that
+            of [`rollout_prefixes`].
+
+    Returns:
+        [`Rollouts`] with `R = K * Σ_n (length_n − 1)` rows (no rollout after a caption's last step).
+    """
+    caption_index, prefix_length = rollout_prefixes(token_mask, num_rollouts)
+    num_rows = caption_index.numel()
+    if num_rows == 0:
+        return _empty_rollouts(sequences, max_length, pad_token_id)
+    if uniforms is None:
+        uniforms = torch.rand(num_rows, max_length, device=sequences.device)
+    if image_index is not None:
+        image_inputs = repeat_image_inputs(image_inputs, image_index)
+
+    with _evaluation_mode(model):
+        # 1. LSTM state after every prefix of the sampled captions: (L, N, T+1, H) each
+        hidden, cell = model.prefix_states(sequences, **image_inputs)
+        # 2. each rollout row starts from the state after <bos> g_{1:t-1} and reads g_t, whose logits give token t+1
+        state_position = prefix_length - 1
+        state = ShowTellRLState(
+            hidden[:, caption_index, state_position].contiguous(),  # (L, R, H)
+            cell[:, caption_index, state_position].contiguous(),
+        )
+        tokens = sequences[caption_index, prefix_length]  # (R,) g_t
+        completed = _prefix_sequences(sequences, caption_index, prefix_length, max_length + 1, pad_token_id)
+        budget = max_length - prefix_length  # (R,) tokens each row may still add, >= 1
+        # 3. one loop over all rows; rows that end are dropped from the batch so later steps only pay for live rows
+        active = torch.arange(num_rows, device=sequences.device)
+        for step in range(int(budget.max())):
+            logits, _, state = model.step(tokens, state)  # (A, V)
+            tokens = _sample_from(logits, uniforms[active, step], temperature)  # (A,)
+            completed[active, prefix_length[active] + 1 + step] = tokens
+            alive = (tokens != eos_token_id) & (step + 1 < budget[active])
+            if not bool(alive.any()):
+                break
+            if not bool(alive.all()):
+                active, tokens = active[alive], tokens[alive]
+                state = ShowTellRLState(state.hidden[:, alive], state.cell[:, alive], state.seq_length)
+    return Rollouts(completed, caption_index, prefix_length)
+
+
+def sample_rollouts_per_prefix(
+    model: nn.Module,
+    image_inputs: Mapping[str, torch.Tensor],
+    sequences: torch.LongTensor,
+    token_mask: torch.Tensor,
+    num_rollouts: int,
+    max_length: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    image_index: torch.LongTensor | None = None,
+    temperature: float = 1.0,
+    uniforms: torch.Tensor | None = None,
+) -> Rollouts:
+    """
+    The plain version of [`sample_rollouts`]: one prefix at a time, the image and prefix encoded again by a forward
+    pass, then its K rollouts stepped until they all end. Same arguments and result (given the same `uniforms`, the
+    same tokens up to floating-point ties); slower, kept as the reference for tests and `benchmarks/bench_rollouts.py`.
+    """
+    caption_index, prefix_length = rollout_prefixes(token_mask, num_rollouts)
+    num_rows = caption_index.numel()
+    if num_rows == 0:
+        return _empty_rollouts(sequences, max_length, pad_token_id)
+    if uniforms is None:
+        uniforms = torch.rand(num_rows, max_length, device=sequences.device)
+    completed = _prefix_sequences(sequences, caption_index, prefix_length, max_length + 1, pad_token_id)
+    with _evaluation_mode(model):
+        for first in range(0, num_rows, num_rollouts):
+            caption, length = int(caption_index[first]), int(prefix_length[first])
+            image_row = caption if image_index is None else int(image_index[caption])
+            image = {name: tensor[image_row : image_row + 1] for name, tensor in image_inputs.items()}
+            outputs = model(input_ids=sequences[caption : caption + 1, : length + 1], use_cache=True, **image)
+            logits = outputs.logits[:, -1].expand(num_rollouts, -1)  # (K, V)
+            state = outputs.past_key_values.repeat_interleave(num_rollouts)
+            rows = torch.arange(first, first + num_rollouts, device=sequences.device)
+            alive = torch.ones(num_rollouts, dtype=torch.bool, device=sequences.device)
+            for step in range(max_length - length):
+                tokens = _sample_from(logits, uniforms[rows, step], temperature)
+                tokens = torch.where(alive, tokens, pad_token_id)
+                completed[rows, length + 1 + step] = tokens
+                alive &= tokens != eos_token_id
+                if not bool(alive.any()):
+                    break
+                logits, _, state = model.step(tokens, state)
+    return Rollouts(completed, caption_index, prefix_length)
+
+
+def monte_carlo_q_values(
+    token_mask: torch.Tensor,
+    caption_rewards: torch.Tensor,
+    rollouts: Rollouts,
+    rollout_rewards: torch.Tensor,
+    num_rollouts: int,
+) -> torch.FloatTensor:
+    """
+    Q(s_t, g_t) for every step of the sampled captions (paper, eq. 9).
+
+    Args:
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): the sampled captions' [`caption_token_mask`].
+        caption_rewards (`torch.FloatTensor` of shape `(N,)`): R of each sampled caption.
+        rollouts ([`Rollouts`]): from [`sample_rollouts`], K rows per non-final prefix.
+        rollout_rewards (`torch.FloatTensor` of shape `(R,)`): R of each completed rollout caption.
+
+    Returns:
+        `torch.FloatTensor` of shape `(N, T)`: the mean reward of the K rollouts from `g_{1:t}` at position `t − 1`,
+        the caption's own reward at its last step, 0 after it.
+    """
+    q_values = torch.zeros_like(token_mask, dtype=torch.float32)
+    q_values.index_put_(
+        (rollouts.caption_index, rollouts.prefix_length - 1),
+        rollout_rewards.to(q_values) / num_rollouts,
+        accumulate=True,
+    )
+    last_position = token_mask.sum(dim=1).long() - 1  # (N,)
+    captions = torch.arange(token_mask.size(0), device=token_mask.device)
+    q_values[captions, last_position] = caption_rewards.to(q_values)
+    return q_values * token_mask
+
+
+def spider_pg_losses(
+    token_log_probs: torch.Tensor,
+    baseline_values: torch.Tensor,
+    q_values: torch.Tensor,
+    token_mask: torch.Tensor,
+    normalization: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    The two terms of the seed 000 loss.
+
+    Args:
+        token_log_probs (`torch.FloatTensor` of shape `(N, T)`): log π(g_t | s_t) of the sampled tokens (with grad).
+        baseline_values (`torch.FloatTensor` of shape `(N, T)`): B_phi(s_t), computed on detached hidden states.
+        q_values (`torch.FloatTensor` of shape `(N, T)`): the Monte-Carlo Q estimates ([`monte_carlo_q_values`]).
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): 1 on the captions' tokens.
+        normalization: `token` or `sequence`, as in [`policy_gradient_loss`].
+
+    Returns:
+        `(policy_loss, baseline_loss)`: `Σ_t (Q − B_phi) · −log π(g_t | s_t)` normalised like SCST, with the advantage
+        detached (the policy term never trains the baseline); and the mean over tokens of `(Q − B_phi)²` (the
+        baseline term, whose gradient reaches only the baseline head).
+    """
+    advantages = q_values - baseline_values.detach()  # (N, T)
+    policy_loss = policy_gradient_loss(token_log_probs, token_mask, advantages, normalization)
+    squared_errors = (q_values - baseline_values).pow(2) * token_mask
+    baseline_loss = squared_errors.sum() / token_mask.sum().clamp(min=1.0)
+    return policy_loss, baseline_loss
+
+
+@register_objective
+class SpiderPGObjective(CaptionObjective):
+    """
+    Seed 000 policy gradient: `num_paths_per_image` (M) sampled captions per image, `num_rollouts` (K) Monte-Carlo
+    rollouts from each of their prefixes to estimate Q, the model's baseline head fitted to Q, and the loss
+    `policy_loss + baseline_loss_weight * baseline_loss` ([`spider_pg_losses`]). Rewards are the trainer's weighted
+    mix (SPIDEr in the paper; `reward_funcs`).
+
+    The baseline head receives gradient only from its squared error (its input is detached inside the model) and the
+    LSTM only from the policy term, so one optimizer trains both. With Adam the head's step size is `learning_rate`
+    whatever `baseline_loss_weight` is (Adam normalises gradient scale); the RL learning rates that suit a warm-started
+    policy (~1e-4 to 5e-4) fit a freshly initialised head within a few hundred steps; watch
+    `baseline_explained_variance` in the logs.
+
+    Needs a recurrent model with `prefix_states`, `step` and a baseline head returned by
+    `forward(..., output_baseline_values=True)`, i.e. [`ShowTellRL`]; start from an XE checkpoint.
+    """
+
+    name = "spider_pg"
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        args = self.args
+        if args.num_paths_per_image < 1:
+            raise ValueError(f"num_paths_per_image must be >= 1 for spider_pg, got {args.num_paths_per_image}.")
+        if args.num_rollouts < 1:
+            raise ValueError(f"num_rollouts must be >= 1 for spider_pg, got {args.num_rollouts}.")
+        if args.baseline_loss_weight < 0:
+            raise ValueError(f"baseline_loss_weight must be >= 0, got {args.baseline_loss_weight}.")
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        missing = [name for name in ("prefix_states", "step") if not callable(getattr(model, name, None))]
+        if "output_baseline_values" not in inspect.signature(model.forward).parameters:
+            missing.append("forward(output_baseline_values=...)")
+        if missing:
+            raise ValueError(
+                f"The spider_pg objective needs a recurrent captioner with {missing} (Monte-Carlo rollouts from the "
+                f"LSTM state and a baseline head); {type(model).__name__} has none of them. Use "
+                "rlcaption.models.ShowTellRL, or the `scst` objective for other models."
+            )
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        args, trainer = self.args, self.trainer
+        policy = trainer.accelerator.unwrap_model(model)
+        image_inputs = image_inputs_of(inputs)
+        references = inputs["references"]
+        num_paths = args.num_paths_per_image
+
+        # 1. M sampled captions per image and their rewards
+        samples = trainer.sample_captions(image_inputs, num_return_sequences=num_paths)
+        sequences = samples.sequences  # (N, T+1)
+        device = sequences.device
+        sample_index = torch.arange(len(references), device=device).repeat_interleave(num_paths)  # (N,)
+        sample_rows = sample_index.tolist()
+        caption_rewards = trainer.compute_rewards(
+            samples.texts, [references[i] for i in sample_rows], inputs, row_index=sample_rows
+        )  # (N,)
+        token_mask = caption_token_mask(sequences, trainer.eos_token_id)  # (N, T)
+
+        # 2. K rollouts from every non-final prefix, decoded together; Q from their rewards
+        rollouts = sample_rollouts(
+            policy, image_inputs, sequences, token_mask, args.num_rollouts, args.max_caption_length,
+            trainer.eos_token_id, self.pad_token_id, image_index=sample_index, temperature=args.temperature,
+        )  # fmt: skip
+        rollout_rewards = np.zeros(0)
+        if rollouts.caption_index.numel():
+            rollout_texts = [text.strip() for text in trainer.processing_class.batch_decode(
+                rollouts.sequences, skip_special_tokens=True
+            )]  # fmt: skip
+            rollout_rows = sample_index[rollouts.caption_index].tolist()
+            rollout_rewards = trainer.compute_rewards(
+                rollout_texts, [references[i] for i in rollout_rows], inputs, row_index=rollout_rows,
+                log_prefix="rollout",
+            )  # fmt: skip
+        q_values = monte_carlo_q_values(
+            token_mask,
+            torch.as_tensor(caption_rewards, dtype=torch.float32, device=device),
+            rollouts,
+            torch.as_tensor(rollout_rewards, dtype=torch.float32, device=device),
+            args.num_rollouts,
+        )  # (N, T)
+
+        # 3. log π(g_t | s_t) and B_phi(s_t) from one forward pass with gradient (through the wrapped model)
+        outputs = model(
+            **image_inputs, input_ids=sequences, image_index=sample_index, use_cache=False, output_baseline_values=True
+        )
+        log_probs = torch.log_softmax(outputs.logits[:, :-1].float(), dim=-1)  # (N, T, V)
+        token_log_probs = log_probs.gather(-1, sequences[:, 1:, None]).squeeze(-1)  # (N, T)
+        baseline_values = outputs.baseline_values[:, :-1].float()  # (N, T): B_phi(s_t), s_t = <bos> g_{1:t-1}
+        policy_loss, baseline_loss = spider_pg_losses(
+            token_log_probs, baseline_values, q_values, token_mask, args.loss_normalization
+        )
+        self._record(token_mask, q_values, baseline_values.detach(), policy_loss, baseline_loss, rollouts)
+        return policy_loss + args.baseline_loss_weight * baseline_loss
+
+    def _record(self, token_mask, q_values, baseline_values, policy_loss, baseline_loss, rollouts) -> None:
+        record = self.trainer.record_metric
+        scored = token_mask.bool()
+        q, baseline = q_values[scored], baseline_values[scored]
+        advantages = q - baseline
+        record("policy_loss", float(policy_loss.detach()))
+        record("baseline_loss", float(baseline_loss.detach()))
+        record("q_mean", float(q.mean()))
+        record("baseline_mean", float(baseline.mean()))
+        record("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
+        # 1 − Var(Q − B) / Var(Q): how much of Q's spread the baseline explains (0 for a constant baseline)
+        q_variance = float(q.var()) if q.numel() > 1 else 0.0
+        if q_variance > 0:
+            record("baseline_explained_variance", 1.0 - float(advantages.var()) / q_variance)
+        record("sample_length", float(token_mask.sum(dim=1).mean()))
+        record("rollout_captions", float(rollouts.caption_index.numel()))

@@ -1,0 +1,360 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlcaption.data import load_shapes
+from rlcaption.decoding import caption_token_mask, generate_captions
+from rlcaption.objectives.spider_pg import (
+    Rollouts,
+    monte_carlo_q_values,
+    rollout_prefixes,
+    sample_rollouts,
+    sample_rollouts_per_prefix,
+    spider_pg_losses,
+)
+from rlcaption.processing import CaptionProcessor
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+from tiny_captioners import make_show_tell, make_vision_encoder_decoder
+
+IMAGE_SIZE = 48
+MAX_LENGTH = 10
+BOS, EOS, PAD = 1, 2, 0
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return load_shapes(
+        num_train=16, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=5,
+        cache_dir=tmp_path_factory.mktemp("shapes_cache"),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def processor(shapes):
+    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
+    return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+
+
+@pytest.fixture(scope="module")
+def pixel_values(shapes, processor):
+    return processor(images=shapes["train"]["image"][:4], return_tensors="pt")["pixel_values"]
+
+
+def sampled_captions(model, processor, pixel_values, num_paths=1, seed=0):
+    torch.manual_seed(seed)
+    generated = generate_captions(
+        model, processor, {"pixel_values": pixel_values}, do_sample=True, top_k=0, top_p=1.0,
+        num_return_sequences=num_paths, max_length=MAX_LENGTH + 1,
+    )  # fmt: skip
+    return generated.sequences, caption_token_mask(generated.sequences, EOS)
+
+
+def decode(processor, sequences):
+    return [text.strip() for text in processor.batch_decode(sequences, skip_special_tokens=True)]
+
+
+def word_count_reward(texts):
+    # a reward whose value depends on the whole caption, so Q differs from prefix to prefix
+    return torch.tensor([1.0 + 0.1 * len(text.split()) + 0.5 * text.split().count("red") for text in texts])
+
+
+# ---------------------------------------------------------------- prefixes and Q
+
+
+def test_rollout_prefixes_cover_every_step_but_the_last():
+    sequences = torch.tensor(
+        [
+            [BOS, 5, 6, EOS, PAD],  # 3 tokens: prefixes of length 1 and 2
+            [BOS, EOS, PAD, PAD, PAD],  # ends at once: no rollout
+            [BOS, 7, 8, 9, 10],  # cut at the maximum length: prefixes 1..3
+        ]
+    )
+    caption_index, prefix_length = rollout_prefixes(caption_token_mask(sequences, EOS), num_rollouts=2)
+    assert caption_index.tolist() == [0, 0, 0, 0, 2, 2, 2, 2, 2, 2]
+    assert prefix_length.tolist() == [1, 1, 2, 2, 1, 1, 2, 2, 3, 3]
+
+
+def test_q_values_average_the_rollouts_and_equal_the_reward_at_the_last_step():
+    sequences = torch.tensor([[BOS, 5, 6, EOS], [BOS, 7, 8, 9]])
+    mask = caption_token_mask(sequences, EOS)
+    caption_index, prefix_length = rollout_prefixes(mask, num_rollouts=2)
+    rollouts = Rollouts(torch.zeros(len(caption_index), 4, dtype=torch.long), caption_index, prefix_length)
+    rollout_rewards = torch.tensor([1.0, 3.0, 0.0, 0.5, 2.0, 2.0, 4.0, 5.0])
+    q_values = monte_carlo_q_values(mask, torch.tensor([0.25, 0.75]), rollouts, rollout_rewards, num_rollouts=2)
+    # caption 0 (5 6 <eos>): Q(g_1) = (1 + 3) / 2, Q(g_2) = (0 + 0.5) / 2, its own reward at <eos>;
+    # caption 1 (7 8 9, cut at the maximum length): (2 + 2) / 2, (4 + 5) / 2, its own reward at the last token
+    expected = torch.tensor([[2.0, 0.25, 0.25], [2.0, 4.5, 0.75]])
+    torch.testing.assert_close(q_values, expected)
+
+
+# ---------------------------------------------------------------- rollouts
+
+
+def test_token_sampler_follows_the_softmax_distribution():
+    from rlcaption.objectives.spider_pg import _sample_from
+
+    logits = torch.tensor([[2.0, 0.0, torch.finfo(torch.float32).min, 1.0, -1.0]])
+    draws = 40_000
+    tokens = _sample_from(logits.expand(draws, -1), torch.rand(draws, generator=torch.Generator().manual_seed(0)), 1.0)
+    frequencies = torch.bincount(tokens, minlength=5).float() / draws
+    torch.testing.assert_close(frequencies, torch.softmax(logits[0], dim=-1), atol=0.01, rtol=0)
+    assert frequencies[2] == 0  # a token of zero probability is never sampled
+    hot = _sample_from(logits.expand(draws, -1), torch.rand(draws, generator=torch.Generator().manual_seed(1)), 0.5)
+    torch.testing.assert_close(
+        torch.bincount(hot, minlength=5).float() / draws, torch.softmax(logits[0] / 0.5, dim=-1), atol=0.01, rtol=0
+    )
+
+
+@pytest.mark.parametrize("num_paths", [1, 2])
+def test_batched_rollouts_equal_the_per_prefix_loop(num_paths, processor, pixel_values):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=3, dropout=0.3)
+    sequences, mask = sampled_captions(model, processor, pixel_values, num_paths=num_paths)
+    image_index = torch.arange(pixel_values.size(0)).repeat_interleave(num_paths)
+    num_rows = 3 * int((mask.sum(dim=1) - 1).sum())
+    uniforms = torch.rand(num_rows, MAX_LENGTH, generator=torch.Generator().manual_seed(7))
+    common = dict(
+        num_rollouts=3, max_length=MAX_LENGTH, eos_token_id=EOS, pad_token_id=PAD, image_index=image_index,
+        uniforms=uniforms,
+    )  # fmt: skip
+    model.train()  # rollouts must switch dropout off themselves
+    batched = sample_rollouts(model, {"pixel_values": pixel_values}, sequences, mask, **common)
+    looped = sample_rollouts_per_prefix(model, {"pixel_values": pixel_values}, sequences, mask, **common)
+    assert model.training
+    assert batched.sequences.shape == (num_rows, MAX_LENGTH + 1)
+    assert torch.equal(batched.caption_index, looped.caption_index)
+    assert torch.equal(batched.prefix_length, looped.prefix_length)
+    assert torch.equal(batched.sequences, looped.sequences)
+
+    # every rollout keeps its prefix, then ends with the end token or at the maximum length
+    for row, (caption, length) in enumerate(zip(batched.caption_index, batched.prefix_length, strict=True)):
+        assert torch.equal(batched.sequences[row, : length + 1], sequences[caption, : length + 1])
+    rollout_mask = caption_token_mask(batched.sequences, EOS)
+    ended = (batched.sequences[:, 1:] == EOS).any(dim=1)
+    assert bool((ended | (rollout_mask.sum(dim=1) == MAX_LENGTH)).all())
+
+    # hence the same Q, which at the last step is the caption's own reward
+    caption_rewards = word_count_reward(decode(processor, sequences))
+    q_batched = monte_carlo_q_values(
+        mask, caption_rewards, batched, word_count_reward(decode(processor, batched.sequences)), 3
+    )
+    q_looped = monte_carlo_q_values(
+        mask, caption_rewards, looped, word_count_reward(decode(processor, looped.sequences)), 3
+    )
+    torch.testing.assert_close(q_batched, q_looped)
+    last = mask.sum(dim=1).long() - 1
+    torch.testing.assert_close(q_batched[torch.arange(len(last)), last], caption_rewards)
+
+
+def test_rollouts_continue_the_policy_from_the_prefix_state(processor, pixel_values):
+    """The first rollout token is drawn from π(· | g_{1:t}, image): compare with a forward pass over the prefix."""
+    model = make_show_tell(processor, IMAGE_SIZE, seed=4).eval()
+    sequences, mask = sampled_captions(model, processor, pixel_values)
+    caption_index, prefix_length = rollout_prefixes(mask, num_rollouts=1)
+    row = int(torch.argmax(prefix_length))  # the longest prefix
+    caption, length = int(caption_index[row]), int(prefix_length[row])
+    with torch.no_grad():
+        logits = model(
+            input_ids=sequences[caption : caption + 1, : length + 1], pixel_values=pixel_values[caption : caption + 1]
+        ).logits
+    probabilities = torch.softmax(logits[0, -1], dim=-1)
+    # a uniform draw just below a token's CDF boundary must select that token
+    token = int(torch.argmax(probabilities))
+    uniforms = torch.full((len(caption_index), MAX_LENGTH), 0.5)
+    uniforms[row, 0] = float(probabilities[:token].sum() + probabilities[token] / 2)
+    rollouts = sample_rollouts(
+        model, {"pixel_values": pixel_values}, sequences, mask, 1, MAX_LENGTH, EOS, PAD, uniforms=uniforms
+    )
+    assert int(rollouts.sequences[row, length + 1]) == token
+
+
+# ---------------------------------------------------------------- losses and baseline
+
+
+def test_baseline_loss_sends_no_gradient_into_the_lstm_or_encoder(processor, pixel_values):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=1)
+    sequences, mask = sampled_captions(model, processor, pixel_values)
+    q_values = torch.rand_like(mask) * mask
+    outputs = model(input_ids=sequences, pixel_values=pixel_values, output_baseline_values=True)
+    log_probs = torch.log_softmax(outputs.logits[:, :-1], dim=-1).gather(-1, sequences[:, 1:, None]).squeeze(-1)
+    policy_loss, baseline_loss = spider_pg_losses(log_probs, outputs.baseline_values[:, :-1], q_values, mask, "token")
+
+    baseline_loss.backward(retain_graph=True)
+    for name, parameter in model.named_parameters():
+        if name.startswith("baseline_head"):
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+        else:
+            assert parameter.grad is None, name
+    model.zero_grad(set_to_none=True)
+    policy_loss.backward()
+    assert all(parameter.grad is None for parameter in model.baseline_head.parameters())
+    assert model.lstm.weight_hh_l0.grad.abs().sum() > 0
+    assert any(parameter.grad is not None for parameter in model.image_encoder.parameters())
+
+
+def test_policy_loss_matches_the_hand_written_sum():
+    log_probs = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -0.2, -0.3]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    q_values = torch.tensor([[1.0, 0.5, 0.0], [2.0, 2.0, 1.0]])
+    baseline = torch.tensor([[0.5, 0.5, 9.0], [1.0, 3.0, 1.0]], requires_grad=True)
+    policy_loss, baseline_loss = spider_pg_losses(log_probs, baseline, q_values, mask, "sequence")
+    # Σ_t (Q − B) · −log π per caption, mean over captions
+    expected_policy = ((0.5 * 1.0 + 0.0 * 2.0) + (1.0 * 0.1 + (-1.0) * 0.2 + 0.0)) / 2
+    assert policy_loss.item() == pytest.approx(expected_policy)
+    assert baseline_loss.item() == pytest.approx((0.25 + 0.0 + 1.0 + 1.0 + 0.0) / 5)
+    policy_loss.backward()
+    assert baseline.grad is None  # the advantage is a constant for the policy term
+
+
+def _draw(model, processor, pixel_values, seed):
+    """One Monte-Carlo estimate on a fixed batch: the token mask, Q, and the forward outputs (with gradient)."""
+    sequences, mask = sampled_captions(model, processor, pixel_values, seed=seed)
+    rollouts = sample_rollouts(model, {"pixel_values": pixel_values}, sequences, mask, 3, MAX_LENGTH, EOS, PAD)
+    q_values = monte_carlo_q_values(
+        mask, word_count_reward(decode(processor, sequences)), rollouts,
+        word_count_reward(decode(processor, rollouts.sequences)), 3,
+    )  # fmt: skip
+    outputs = model(
+        input_ids=sequences, pixel_values=pixel_values, output_hidden_states=True, output_baseline_values=True
+    )
+    log_probs = torch.log_softmax(outputs.logits[:, :-1], dim=-1).gather(-1, sequences[:, 1:, None]).squeeze(-1)
+    return mask, q_values, outputs.hidden_states[:, :-1], log_probs
+
+
+def test_the_learned_baseline_lowers_the_variance_of_the_policy_gradient(processor, pixel_values):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=2)
+    # 1. fit the baseline head to Q on draws from the policy (the objective does this step by step)
+    states, targets = [], []
+    for seed in range(20):
+        mask, q_values, hidden, _ = _draw(model, processor, pixel_values, seed)
+        states.append(hidden.detach()[mask.bool()])
+        targets.append(q_values[mask.bool()])
+    states, targets = torch.cat(states), torch.cat(targets)  # (P, H), (P,)
+    optimizer = torch.optim.Adam(model.baseline_head.parameters(), lr=1e-2)
+    for _ in range(300):
+        optimizer.zero_grad()
+        loss = (model.baseline_values(states[None]).squeeze(0) - targets).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+    model.zero_grad(set_to_none=True)
+
+    # 2. on fresh draws, the same samples give two estimates of the policy gradient: with and without the baseline
+    parameters = [model.lm_head.weight, model.lstm.weight_hh_l0]
+    with_baseline, without_baseline = [], []
+    for seed in range(100, 130):
+        mask, q_values, hidden, log_probs = _draw(model, processor, pixel_values, seed)
+        baseline_values = model.baseline_values(hidden)
+        for estimates, baseline in ((with_baseline, baseline_values), (without_baseline, torch.zeros_like(q_values))):
+            policy_loss, _ = spider_pg_losses(log_probs, baseline, q_values, mask, "sequence")
+            gradients = torch.autograd.grad(policy_loss, parameters, retain_graph=True)
+            estimates.append(torch.cat([gradient.flatten() for gradient in gradients]))
+    variance_with = torch.stack(with_baseline).var(dim=0).sum()
+    variance_without = torch.stack(without_baseline).var(dim=0).sum()
+    assert variance_with < 0.5 * variance_without
+    # both estimate the same expectation: their means agree within the noise of 30 draws
+    mean_gap = (torch.stack(with_baseline).mean(dim=0) - torch.stack(without_baseline).mean(dim=0)).norm()
+    assert mean_gap < 3 * math.sqrt(float(variance_without) / 30)
+
+
+# ---------------------------------------------------------------- training with RLCaptionTrainer
+
+
+def make_trainer(model, processor, dataset, output_dir, reward_funcs=None, **overrides):
+    settings = {
+        "output_dir": str(output_dir),
+        "use_cpu": True,
+        "per_device_train_batch_size": 4,
+        "max_steps": 3,
+        "learning_rate": 1e-2,
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "max_caption_length": MAX_LENGTH,
+        "objective": "spider_pg",
+        "reward_funcs": ["cider"],
+        "seed": 0,
+    }
+    settings.update(overrides)
+    return RLCaptionTrainer(
+        model=model,
+        args=RLCaptionConfig(**settings),
+        processing_class=processor,
+        train_dataset=dataset["train"],
+        reward_funcs=reward_funcs,
+    )
+
+
+def logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def test_trainer_runs_spider_pg_and_updates_policy_and_baseline(processor, shapes, tmp_path):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    trainer = make_trainer(model, processor, shapes, tmp_path / "out", num_paths_per_image=2)
+    trainer.train()
+    changed = [name for name, parameter in model.named_parameters() if not torch.equal(before[name], parameter)]
+    assert any(name.startswith("lstm") for name in changed)
+    assert any(name.startswith("baseline_head") for name in changed)
+    for key in ("reward", "reward/cider/mean", "rollout/cider/mean", "baseline_loss", "policy_loss", "q_mean"):
+        values = logged(trainer, key)
+        assert len(values) == 3 and all(math.isfinite(value) for value in values), key
+    assert all(value > 0 for value in logged(trainer, "rollout_captions"))
+
+
+def test_constant_reward_trains_only_the_baseline_towards_it(processor, shapes, tmp_path):
+    def constant_reward(completions, **kwargs):
+        return [0.7] * len(completions)
+
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    trainer = make_trainer(model, processor, shapes, tmp_path / "out", reward_funcs=[constant_reward])
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    loss = trainer.compute_loss(model, batch)
+    loss.backward()
+    # Q = 0.7 everywhere: the loss is (0.7 − B)·(−log π) summed + (0.7 − B)²; with B fitted to 0.7 both vanish
+    assert logged_value(trainer, "q_mean") == pytest.approx(0.7)
+    with torch.no_grad():
+        model.baseline_head[-1].weight.zero_()
+        model.baseline_head[-1].bias.fill_(0.7)
+    assert trainer.compute_loss(model, batch).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def logged_value(trainer, key):
+    return float(np.mean(trainer._recorded_metrics[key]))
+
+
+def test_resume_restores_the_baseline_head(processor, shapes, tmp_path):
+    trained = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    make_trainer(trained, processor, shapes, tmp_path, max_steps=2, save_strategy="steps", save_steps=2).train()
+    saved = load_file(str(tmp_path / "checkpoint-2" / "model.safetensors"))
+    assert any(name.startswith("baseline_head") for name in saved)
+
+    resumed = make_show_tell(processor, IMAGE_SIZE, seed=42)
+    assert not torch.equal(resumed.baseline_head[0].weight, trained.baseline_head[0].weight)
+    make_trainer(resumed, processor, shapes, tmp_path, max_steps=2).train(resume_from_checkpoint=True)
+    for name, parameter in trained.baseline_head.named_parameters():
+        torch.testing.assert_close(resumed.baseline_head.get_parameter(name), parameter, msg=name)
+
+
+def test_spider_pg_rejects_models_without_rollout_state(processor, shapes, tmp_path):
+    model = make_vision_encoder_decoder(processor, IMAGE_SIZE)
+    with pytest.raises(ValueError, match="spider_pg objective needs a recurrent captioner.*ShowTellRL"):
+        make_trainer(model, processor, shapes, tmp_path / "out")
+    with pytest.raises(ValueError, match="num_rollouts must be >= 1"):
+        make_trainer(make_show_tell(processor, IMAGE_SIZE), processor, shapes, tmp_path / "out", num_rollouts=0)
+
+
+def test_spice_reward_stops_with_its_own_error_where_spice_cannot_run(processor, shapes, tmp_path):
+    from rlcaption.metrics.spice import check_spice
+
+    try:
+        check_spice()
+    except RuntimeError:
+        pass
+    else:
+        pytest.skip("SPICE runs on this machine")
+    trainer = make_trainer(make_show_tell(processor, IMAGE_SIZE), processor, shapes, tmp_path, reward_funcs=["spider"])
+    with pytest.raises((RuntimeError, FileNotFoundError), match="SPICE"):
+        trainer.train()

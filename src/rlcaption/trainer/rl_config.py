@@ -86,6 +86,30 @@ class RLCaptionConfig(TrainingArguments):
         },
     )
 
+    # > spider_pg (seed 000: SPIDEr policy gradient with Monte-Carlo rollouts and a learned baseline); validated by
+    # the objective
+    num_paths_per_image: int = field(
+        default=1,
+        metadata={
+            "help": "Captions sampled per image by `spider_pg` (M in Liu et al. 2017, who use 1); `scst` uses "
+            "`num_samples_per_image`."
+        },
+    )
+    num_rollouts: int = field(
+        default=3,
+        metadata={
+            "help": "Monte-Carlo rollouts continued from every prefix of a sampled caption by `spider_pg` to estimate "
+            "Q (K in Liu et al. 2017, who use 3)."
+        },
+    )
+    baseline_loss_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Weight of the baseline head's mean squared error in the `spider_pg` loss. Only the head receives "
+            "this gradient; with Adam its step size is set by `learning_rate`, not by this weight."
+        },
+    )
+
     # Changed defaults. Captions, references and image ids are not forward() arguments, so the Trainer must not
     # drop those columns.
     remove_unused_columns: bool = field(

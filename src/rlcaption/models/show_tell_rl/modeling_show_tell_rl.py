@@ -79,12 +79,17 @@ class ShowTellRLOutput(ModelOutput):
         hidden_states (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*,
         returned when `output_hidden_states=True`):
             Top-layer LSTM output for each input token (the input of the baseline head).
+        baseline_values (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*, returned when
+        `output_baseline_values=True`):
+            Seed 000 baseline `B_phi` after each input token, from the detached hidden states (see
+            [`ShowTellRL.baseline_values`]).
     """
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     past_key_values: ShowTellRLState | None = None
     hidden_states: torch.FloatTensor | None = None
+    baseline_values: torch.FloatTensor | None = None
 
 
 class ShowTellRLPreTrainedModel(PreTrainedModel):
@@ -281,6 +286,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         image_index: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_baseline_values: bool = False,
         return_dict: bool | None = None,
     ) -> ShowTellRLOutput | tuple:
         r"""
@@ -309,6 +315,10 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                 mode, where the state is not needed and right-padded batches take a faster path.
             output_hidden_states (`bool`, *optional*):
                 Return the top-layer LSTM outputs `(batch_size, sequence_length, hidden_size)`.
+            output_baseline_values (`bool`, *optional*, defaults to `False`):
+                Return the baseline head's values `(batch_size, sequence_length)` on the detached hidden states.
+                Computing them inside `forward` (rather than calling [`baseline_values`] afterwards) keeps the head
+                part of the forward pass that DDP tracks, so its gradients are synchronised across processes.
             return_dict (`bool`, *optional*):
                 Return a [`ShowTellRLOutput`] (default) or a tuple.
         """
@@ -348,6 +358,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             if use_cache
             else None,
             hidden_states=outputs if output_hidden_states else None,
+            baseline_values=self.baseline_values(outputs) if output_baseline_values else None,
         )
         return output if return_dict else output.to_tuple()
 

@@ -123,7 +123,8 @@ class RLCaptionConfig(TrainingArguments):
     ddp_find_unused_parameters: bool | None = field(
         default=True, metadata={"help": "Kept True: auxiliary heads are unused by some objectives."}
     )
-    report_to: str | list[str] | None = field(
+    # same annotation order as TrainingArguments: HfArgumentParser reads the type after NoneType in the union
+    report_to: None | str | list[str] = field(
         default="none", metadata={"help": "Integrations to report to; none by default (runs offline)."}
     )
 

@@ -1,0 +1,170 @@
+"""
+Model cards and publishing of trained captioners.
+
+[`render_model_card`] fills a template of `rlcaption/templates/` with a model's facts and its evaluation scores; the
+scores also go into the card's metadata as `EvalResult`s (`model-index`), so the Hub shows them on the model page.
+[`publish_folder`] uploads a saved model folder (weights, config, processor, generation config, card) as one commit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData, create_repo, upload_folder
+from torch import nn
+
+__all__ = ["MODEL_CARD_TEMPLATE", "caption_eval_results", "publish_folder", "render_model_card"]
+
+MODEL_CARD_TEMPLATE = Path(__file__).parent / "templates" / "show_tell_rl_model_card.md"
+
+# COCO evaluation keys (as returned by `rlcaption.metrics.evaluate_captions`) -> (Hub metric type, display name)
+_CAPTION_METRICS = {
+    "Bleu_1": ("bleu", "BLEU-1"),
+    "Bleu_2": ("bleu", "BLEU-2"),
+    "Bleu_3": ("bleu", "BLEU-3"),
+    "Bleu_4": ("bleu", "BLEU-4"),
+    "METEOR": ("meteor", "METEOR"),
+    "ROUGE_L": ("rouge", "ROUGE-L"),
+    "CIDEr": ("cider", "CIDEr-D"),
+    "SPICE": ("spice", "SPICE"),
+    "SPIDEr": ("spider", "SPIDEr"),
+}
+
+
+def _metric_names(scores: Mapping[str, float]) -> dict[str, tuple[str, str]]:
+    unknown = sorted(set(scores) - set(_CAPTION_METRICS))
+    if unknown:
+        raise ValueError(
+            f"Unknown caption metric keys {unknown}; expected keys of `evaluate_captions` results: "
+            f"{list(_CAPTION_METRICS)}."
+        )
+    return {key: _CAPTION_METRICS[key] for key in _CAPTION_METRICS if key in scores}
+
+
+def caption_eval_results(
+    scores: Mapping[str, float],
+    dataset_type: str,
+    dataset_name: str,
+    dataset_split: str = "test",
+    task_type: str = "image-to-text",
+    task_name: str = "Image captioning",
+) -> list[EvalResult]:
+    """
+    One `huggingface_hub.EvalResult` per score, in the card's `model-index` format.
+
+    Args:
+        scores: `{"CIDEr": 1.23, "Bleu_4": 0.45, ...}` as returned by [`rlcaption.metrics.evaluate_captions`].
+        dataset_type: the dataset's Hub id or loader name (e.g. `"shapes"`).
+        dataset_name: its human-readable name.
+    """
+    return [
+        EvalResult(
+            task_type=task_type,
+            task_name=task_name,
+            dataset_type=dataset_type,
+            dataset_name=dataset_name,
+            dataset_split=dataset_split,
+            metric_type=metric_type,
+            metric_name=display_name,
+            metric_value=round(float(scores[key]), 4),
+        )
+        for key, (metric_type, display_name) in _metric_names(scores).items()
+    ]
+
+
+def _parameter_count(model: nn.Module) -> str:
+    count = sum(parameter.numel() for parameter in model.parameters())
+    return f"{count / 1e6:.2f}M" if count >= 1e6 else f"{count / 1e3:.0f}k"
+
+
+def render_model_card(
+    model: nn.Module,
+    repo_id: str,
+    scores: Mapping[str, float],
+    dataset_type: str,
+    dataset_name: str,
+    model_summary: str,
+    training_summary: str,
+    training_settings: Mapping[str, object],
+    evaluation_summary: str,
+    limitations: str,
+    dataset_split: str = "test",
+    tags: Sequence[str] = (),
+    license: str = "apache-2.0",
+    template_path: str | os.PathLike = MODEL_CARD_TEMPLATE,
+) -> ModelCard:
+    """
+    The model card of a trained `ShowTellRL` captioner, from a Jinja template and real evaluation scores.
+
+    Args:
+        model: the trained model (its config gives the architecture lines of the card).
+        repo_id: the Hub id the card's usage snippet loads (`org/name`).
+        scores: the evaluation scores, keys of [`rlcaption.metrics.evaluate_captions`] (`CIDEr`, `Bleu_4`, ...); they
+            become both the card's results table and its `model-index` metadata.
+        dataset_type / dataset_name / dataset_split: where the scores come from.
+        model_summary, training_summary, evaluation_summary, limitations: Markdown paragraphs of the card.
+        training_settings: `{setting: value}` rows of the training table.
+        tags: Hub tags added to the library's own.
+        template_path: a Jinja Markdown template with a `{{ card_data }}` front matter (default: the library's).
+
+    Returns:
+        `huggingface_hub.ModelCard`; `card.save(folder / "README.md")` or `card.push_to_hub(repo_id)`.
+    """
+    names = _metric_names(scores)
+    card_data = ModelCardData(
+        language="en",
+        license=license,
+        library_name="rlcaption",
+        pipeline_tag="image-to-text",
+        tags=["image-captioning", "reinforcement-learning", "rlcaption", *tags],
+        metrics=sorted({metric_type for metric_type, _ in names.values()}),
+        model_name=repo_id.split("/")[-1],
+        eval_results=caption_eval_results(scores, dataset_type, dataset_name, dataset_split),
+    )
+    config = model.config
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_path),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        model_summary=model_summary,
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        num_parameters=_parameter_count(model),
+        max_length=model.generation_config.max_length,
+        training_summary=training_summary,
+        training_settings=dict(training_settings),
+        evaluation_summary=evaluation_summary,
+        dataset_name=dataset_name,
+        dataset_split=dataset_split,
+        scores={display_name: float(scores[key]) for key, (_, display_name) in names.items()},
+        limitations=limitations,
+    )
+
+
+def publish_folder(
+    folder: str | os.PathLike,
+    repo_id: str,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str = "Upload rlcaption model",
+) -> str:
+    """
+    Uploads a saved model folder (created with `save_pretrained` + the processor + `README.md`) to the Hub as one
+    commit, skipping training checkpoints and logs. Returns the commit URL.
+    """
+    if not (Path(folder) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{folder} has no config.json: save the model there with `save_pretrained` before publishing it."
+        )
+    create_repo(repo_id, token=token, private=private, exist_ok=True)
+    commit = upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        token=token,
+        commit_message=commit_message,
+        ignore_patterns=["checkpoint-*", "runs/*", "*.pt", "*.pth", "training_args.bin"],
+    )
+    return str(commit)

@@ -1,11 +1,11 @@
 import pytest
 import torch
 from PIL import Image
-from tiny_captioners import make_show_tell
 
 from rlcaption.cli import main
 from rlcaption.decoding import generate_captions
 from rlcaption.processing import CaptionProcessor
+from tiny_captioners import make_show_tell
 
 IMAGE_SIZE = 32
 

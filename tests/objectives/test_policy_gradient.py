@@ -53,3 +53,11 @@ def test_advantage_carries_no_gradient():
     policy_gradient_loss(log_probs, torch.ones(1, 1), advantages, "token").backward()
     assert advantages.grad is None
     assert log_probs.grad.item() == pytest.approx(-3.0)
+
+
+def test_minus_infinite_log_probabilities_of_padding_are_ignored():
+    log_probs = torch.tensor([[-1.0, float("-inf")]], requires_grad=True)
+    loss = policy_gradient_loss(log_probs, torch.tensor([[1.0, 0.0]]), torch.tensor([2.0]), "token")
+    loss.backward()
+    assert loss.item() == pytest.approx(2.0)
+    assert torch.isfinite(log_probs.grad).all()

@@ -1,3 +1,4 @@
+import copy
 import math
 import os
 
@@ -7,11 +8,12 @@ import torch
 from conftest import IMAGE_SIZE, make_tiny_model
 from safetensors.torch import load_file
 
+from rlcaption.data import CaptionCollator
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_vision_encoder_decoder
 
 
-def make_trainer(model, processor, dataset, tmp_path, reward_funcs=None, **overrides):
+def make_trainer(model, processor, dataset, tmp_path, reward_funcs=None, data_collator=None, **overrides):
     settings = {
         "output_dir": str(tmp_path / "out"),
         "use_cpu": True,
@@ -35,6 +37,7 @@ def make_trainer(model, processor, dataset, tmp_path, reward_funcs=None, **overr
         train_dataset=dataset["train"],
         eval_dataset=dataset["validation"],
         reward_funcs=reward_funcs,
+        data_collator=data_collator,
     )
 
 
@@ -183,3 +186,44 @@ def test_scst_and_evaluation_work_with_a_transformers_vision_encoder_decoder(tin
     assert changed_parameters(before, model)
     assert logged(trainer, "reward/cider/mean")
     assert trainer.evaluate()["eval_num_images"] == tiny_shapes["validation"].num_rows
+
+
+@pytest.mark.parametrize("objective", ["xe", "scst"])
+def test_gradient_accumulation_averages_the_micro_batch_gradients(objective, tiny_processor, tiny_shapes, tmp_path):
+    model = make_tiny_model(tiny_processor, seed=7)
+    reference = copy.deepcopy(model)
+    seen_batches = []
+
+    class RecordingCollator(CaptionCollator):
+        def __call__(self, rows):
+            batch = super().__call__(rows)
+            seen_batches.append(batch)
+            return batch
+
+    # A near-zero sampling temperature makes SCST's samples the argmax captions, so recomputing the loss of the
+    # recorded batches samples the same captions; the reward depends on the caption only.
+    def fixed_reward(completions, **kwargs):
+        return [float(len(caption)) / 100 for caption in completions]
+
+    trainer = make_trainer(
+        model, tiny_processor, tiny_shapes, tmp_path, objective=objective, reward_funcs=[fixed_reward],
+        per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1, learning_rate=1.0,
+        optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0, baseline="none", temperature=1e-8,
+        data_collator=RecordingCollator(tiny_processor),
+    )  # fmt: skip
+    torch.manual_seed(11)
+    trainer.train()
+    assert len(seen_batches) >= 2  # the data loader may collate one batch ahead
+
+    # the same two micro-batches by hand: the update is the mean of their gradients (plain SGD, lr 1)
+    reference_trainer = make_trainer(
+        reference, tiny_processor, tiny_shapes, tmp_path / "ref", objective=objective, reward_funcs=[fixed_reward],
+        baseline="none", temperature=1e-8,
+    )  # fmt: skip
+    for batch in seen_batches[:2]:
+        (reference_trainer.objective.compute_loss(reference, batch) / 2).backward()
+    for (name, updated), original in zip(model.named_parameters(), reference.parameters(), strict=True):
+        expected = original.detach() - (original.grad if original.grad is not None else 0.0)
+        torch.testing.assert_close(
+            updated.detach(), expected, rtol=1e-4, atol=1e-6, msg=lambda text, name=name: f"{name}: {text}"
+        )

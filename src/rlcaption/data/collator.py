@@ -62,14 +62,19 @@ class CaptionCollator:
             )
 
         # 2. references, as written, and ids
-        references = [list(row["captions"]) for row in rows] if "captions" in first else None
-        if references is not None:
-            for row, captions in zip(rows, references, strict=True):
-                if not captions or not all(isinstance(caption, str) for caption in captions):
+        references = None
+        if "captions" in first:
+            references = []
+            for row in rows:
+                captions = row["captions"]
+                if not isinstance(captions, list | tuple) or not captions or not all(
+                    isinstance(caption, str) for caption in captions
+                ):
                     raise ValueError(
                         f"Image {row.get('image_id', '?')!r} has no usable references: `captions` must be a "
                         f"non-empty list of strings, got {captions!r}."
                     )
+                references.append(list(captions))
             batch["references"] = references
         batch["image_id"] = [row.get("image_id", index) for index, row in enumerate(rows)]
 

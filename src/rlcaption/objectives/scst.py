@@ -33,7 +33,9 @@ def policy_gradient_loss(
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)  # (N, 1), broadcast over tokens
-    weighted = -(advantages.detach() * token_log_probs * token_mask)  # (N, T)
+    # masked_fill, not a product: the log-probability of padding after the end token may be -inf, and 0 * -inf = NaN
+    masked_log_probs = token_log_probs.masked_fill(token_mask == 0, 0.0)
+    weighted = -(advantages.detach() * masked_log_probs)  # (N, T)
     if normalization == "token":
         return weighted.sum() / token_mask.sum().clamp(min=1.0)
     return weighted.sum() / token_log_probs.size(0)

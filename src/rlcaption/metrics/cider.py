@@ -412,15 +412,23 @@ class _NgramVocabulary:
             orders[known][first],
         )
 
-        # unknown n-grams: count repeats of (row, order, word ids), -1 padding the words after the n-gram's end
+        # unknown n-grams: count repeats of (row, n-gram); the n-grams get batch-local codes order by order, from
+        # (code of the prefix, code of the last word), so that equal n-grams get equal codes
         unknown = np.flatnonzero(~known)
-        columns = [rows[unknown], orders[unknown]]
-        for offset in range(max_n):
-            inside = orders[unknown] >= offset
-            word_positions = np.where(inside, starts[unknown] + offset, 0)
-            columns.append(np.where(inside, tokens[word_positions] if num_words else 0, -1))
-        unknown_ngrams, unknown_counts = np.unique(np.stack(columns, axis=1), axis=0, return_counts=True)
-        return known_rows, known_orders, known_ids, counts, unknown_ngrams[:, 0], unknown_ngrams[:, 1], unknown_counts
+        _, codes = np.unique(tokens, return_inverse=True)
+        codes_per_order, previous_codes = [codes], codes
+        for order_starts in starts_per_order[1:]:
+            order = len(codes_per_order) + 1
+            pair_keys = previous_codes[order_starts] * (num_words + 1) + codes[order_starts + order - 1]
+            previous_codes = np.zeros(num_words, dtype=np.int64)
+            previous_codes[order_starts] = np.unique(pair_keys, return_inverse=True)[1]
+            codes_per_order.append(previous_codes[order_starts])
+        ngram_codes = np.concatenate(codes_per_order)[unknown]
+        row_order_keys = (rows[unknown] * max_n + orders[unknown]) * (num_words + 1) + ngram_codes
+        unique_keys, unknown_counts = np.unique(row_order_keys, return_counts=True)
+        unknown_row_orders = unique_keys // (num_words + 1)
+        unknown_rows, unknown_orders = unknown_row_orders // max_n, unknown_row_orders % max_n
+        return known_rows, known_orders, known_ids, counts, unknown_rows, unknown_orders, unknown_counts
 
 
 class CiderD:
@@ -666,11 +674,15 @@ class CiderD:
             offsets = np.concatenate([[0], np.cumsum(union_sizes)])
             for row, vectors in enumerate(row_vectors):
                 reference_weights[offsets[row] : offsets[row + 1], : reference_counts[row]] = vectors.weights
-        reference_norms = np.zeros((batch_size, max_references, max_n))
-        reference_lengths = np.zeros((batch_size, max_references))
-        for row, vectors in enumerate(row_vectors):
-            reference_norms[row, : reference_counts[row]] = vectors.norms
-            reference_lengths[row, : reference_counts[row]] = vectors.lengths
+        if (reference_counts == max_references).all():
+            reference_norms = np.stack([vectors.norms for vectors in row_vectors])
+            reference_lengths = np.stack([vectors.lengths for vectors in row_vectors])
+        else:
+            reference_norms = np.zeros((batch_size, max_references, max_n))
+            reference_lengths = np.zeros((batch_size, max_references))
+            for row, vectors in enumerate(row_vectors):
+                reference_norms[row, : reference_counts[row]] = vectors.norms
+                reference_lengths[row, : reference_counts[row]] = vectors.lengths
 
         # 4. clipped dot products: for each candidate n-gram found among its row's references,
         # min(w_cand, w_ref) * w_ref, summed per (row, order) for every reference

@@ -100,8 +100,8 @@ def check_reward_inputs(
     """Validates a reward call's inputs and returns the caption strings and reference lists.
 
     Raises:
-        `ValueError`: when `references` is missing, lengths differ, or an image has no references (named by its
-            `image_id` when given, else by its row).
+        `ValueError`: when `references` is missing, lengths differ, or an image has no reference list or an empty
+            one (named by its `image_id` when given, else by its row).
     """
     texts = completion_texts(completions)
     if references is None:
@@ -123,7 +123,6 @@ def check_reward_inputs(
             )
         if len(image_references) == 0:
             raise ValueError(f"{where} has no references; every completion needs at least one reference caption.")
-        if not all(isinstance(reference, str) for reference in image_references):
-            raise ValueError(f"References of {where} must all be strings, got {image_references!r}.")
+        # whether each reference is a string is checked where it is tokenized: cached images skip that work
         reference_lists.append(image_references)
     return texts, reference_lists

@@ -62,7 +62,11 @@ class MetricReward:
     ) -> tuple[dict[int, str], dict[int, list[str]]]:
         """Candidates and tokenized references keyed by position, the input form of `rlcaption.metrics`."""
         predictions = dict(enumerate(candidates))
-        tokenized = {row: [normalize_caption(reference) for reference in refs] for row, refs in enumerate(references)}
+        tokenized = {}
+        for row, image_references in enumerate(references):
+            if not all(isinstance(reference, str) for reference in image_references):
+                raise ValueError(f"References of row {row} must all be strings, got {image_references!r}.")
+            tokenized[row] = [normalize_caption(reference) for reference in image_references]
         return predictions, tokenized
 
     def __repr__(self) -> str:

@@ -1,6 +1,6 @@
 """Caption metrics and the CIDEr-D reward, side by side with pycocoevalcap 1.2: time and agreement.
 
-    python benchmarks/bench_metrics.py --data-dir ../shared/data --output bench_metrics.json
+    python benchmarks/bench_metrics.py --data-dir ../shared/data --output bench_metrics.json [--clock cpu]
 
 Part 1 (corpus metrics): the 5,000 Karpathy-test images of COCO; references = each image's captions except the 5th,
 candidates = (a) the held-out 5th caption of the same image, (b) the 5th caption of another image (a fixed
@@ -57,6 +57,9 @@ class FixedDocumentFrequencyCiderScorer(CiderScorer):
         self._fixed_ref_len = np.log(float(num_documents))
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def clear_tokenizer_cache() -> None:
     """Forget the tokenizer's memo of recent captions, so every batch tokenizes its completions from scratch (as
     freshly sampled captions are) although this benchmark draws them from a small pool."""
@@ -65,10 +68,10 @@ def clear_tokenizer_cache() -> None:
         memo.cache_clear()
 
 
-def timed(function: Callable[[], object]) -> tuple[object, float]:
-    start = time.perf_counter()
+def timed(function: Callable[[], object], clock: Callable[[], float] = time.perf_counter) -> tuple[object, float]:
+    start = clock()
     result = function()
-    return result, time.perf_counter() - start
+    return result, clock() - start
 
 
 def load_karpathy_test(data_dir: Path) -> tuple[list[int], dict[int, list[str]], dict[int, str], dict[int, str]]:
@@ -93,15 +96,19 @@ def max_delta(ours_corpus, ours_per_image: dict, theirs_corpus, theirs_per_image
 
 
 def corpus_rows(
-    keys: list[int], predictions: dict[int, str], references: dict[int, list[str]], with_meteor: bool
+    keys: list[int],
+    predictions: dict[int, str],
+    references: dict[int, list[str]],
+    with_meteor: bool,
+    clock: Callable[[], float],
 ) -> list[dict]:
     """Time and agreement of each corpus metric on tokenized inputs."""
     theirs_predictions = {key: [predictions[key]] for key in keys}
     rows = []
 
     def add(metric: str, ours: Callable, theirs: Callable, compare: Callable) -> None:
-        ours_result, ours_seconds = timed(ours)
-        theirs_result, theirs_seconds = timed(theirs)
+        ours_result, ours_seconds = timed(ours, clock)
+        theirs_result, theirs_seconds = timed(theirs, clock)
         rows.append(
             {
                 "metric": metric,
@@ -167,6 +174,7 @@ def training_loop_rows(
     raw_candidates: dict[int, list[str]],
     num_batches: int,
     batch_size: int,
+    clock: Callable[[], float],
 ) -> list[dict]:
     """The `cider` reward vs pycocoevalcap's CiderScorer per batch, same document frequencies."""
     tokenized_references = {key: [normalize_caption(r) for r in refs] for key, refs in raw_references.items()}
@@ -189,7 +197,8 @@ def training_loop_rows(
         references = [raw_references[image_id] for image_id in batch_ids]
         clear_tokenizer_cache()
         values, seconds = timed(
-            lambda: reward(completions=batch_candidates, references=references, image_id=batch_ids)  # noqa: B023
+            lambda: reward(completions=batch_candidates, references=references, image_id=batch_ids),  # noqa: B023
+            clock,
         )
         ours_values.append(values)
         ours_seconds += seconds
@@ -199,7 +208,8 @@ def training_loop_rows(
         references = [raw_references[image_id] for image_id in batch_ids]
         clear_tokenizer_cache()
         _, seconds = timed(
-            lambda: reward(completions=batch_candidates, references=references, image_id=batch_ids)  # noqa: B023
+            lambda: reward(completions=batch_candidates, references=references, image_id=batch_ids),  # noqa: B023
+            clock,
         )
         warm_seconds += seconds
 
@@ -213,7 +223,7 @@ def training_loop_rows(
     scorer_seconds = 0.0
     for batch_ids, batch_candidates in tokenized_batches:
         references = [tokenized_references[image_id] for image_id in batch_ids]
-        _, seconds = timed(lambda: scorer.score(batch_candidates, references, keys=batch_ids))  # noqa: B023
+        _, seconds = timed(lambda: scorer.score(batch_candidates, references, keys=batch_ids), clock)  # noqa: B023
         scorer_seconds += seconds
 
     theirs_seconds, deltas = 0.0, []
@@ -225,7 +235,7 @@ def training_loop_rows(
                 reference += (candidate, tokenized_references[image_id])
             return reference.compute_cider()
 
-        theirs_values, seconds = timed(reference_batch)
+        theirs_values, seconds = timed(reference_batch, clock)
         theirs_seconds += seconds
         deltas.append(float(np.abs(np.asarray(values) - np.asarray(theirs_values)).max()))
 
@@ -284,27 +294,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-batches", type=int, default=200, help="training-loop batches")
     parser.add_argument("--batch-size", type=int, default=250, help="captions per training-loop batch")
     parser.add_argument("--skip-meteor", action="store_true", help="do not run METEOR (Java)")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="`wall` (elapsed time) or `cpu` (this process's CPU time, steadier on a shared machine; it does not "
+        "count Java subprocesses, so METEOR is skipped)",
+    )
     args = parser.parse_args(argv)
+    clock = CLOCKS[args.clock]
 
     image_ids, raw_references, held_out, shuffled = load_karpathy_test(args.data_dir)
     tokenized_references, tokenize_seconds = timed(
         lambda: {key: [normalize_caption(r) for r in refs] for key, refs in raw_references.items()}
     )
     print(f"{len(image_ids)} images; references tokenized once in {tokenize_seconds:.2f} s")
-    with_meteor = not args.skip_meteor and java_available()
+    with_meteor = not args.skip_meteor and args.clock == "wall" and java_available()
 
     table = []
     for name, candidates in (("held-out 5th caption", held_out), ("shuffled captions", shuffled)):
         predictions = {key: normalize_caption(candidates[key]) for key in image_ids}
-        for row in corpus_rows(image_ids, predictions, tokenized_references, with_meteor):
+        for row in corpus_rows(image_ids, predictions, tokenized_references, with_meteor, clock):
             row["metric"] = f"{row['metric']} [{name}]"
             table.append(row)
     candidate_pool = {key: [held_out[key], shuffled[key]] for key in image_ids}
-    table += training_loop_rows(image_ids, raw_references, candidate_pool, args.num_batches, args.batch_size)
+    table += training_loop_rows(image_ids, raw_references, candidate_pool, args.num_batches, args.batch_size, clock)
 
     print_table(table)
     if args.output is not None:
-        args.output.write_text(json.dumps({"rows": table, "num_images": len(image_ids)}, indent=2) + "\n")
+        summary = {"rows": table, "num_images": len(image_ids), "clock": args.clock}
+        args.output.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
 

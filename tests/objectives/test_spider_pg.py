@@ -108,8 +108,9 @@ def test_token_sampler_follows_the_softmax_distribution():
     )
 
 
-@pytest.mark.parametrize("num_paths", [1, 2])
-def test_batched_rollouts_equal_the_per_prefix_loop(num_paths, processor, pixel_values):
+def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values):
+    num_paths = 2  # several captions per image: rollouts find each caption's image through image_index
+    pixel_values = pixel_values[:2]
     model = make_show_tell(processor, IMAGE_SIZE, seed=3, dropout=0.3)
     sequences, mask = sampled_captions(model, processor, pixel_values, num_paths=num_paths)
     image_index = torch.arange(pixel_values.size(0)).repeat_interleave(num_paths)
@@ -227,7 +228,7 @@ def test_the_learned_baseline_lowers_the_variance_of_the_policy_gradient(process
     model = make_show_tell(processor, IMAGE_SIZE, seed=2)
     # 1. fit the baseline head to Q on draws from the policy (the objective does this step by step)
     states, targets = [], []
-    for seed in range(20):
+    for seed in range(12):
         mask, q_values, hidden, _ = _draw(model, processor, pixel_values, seed)
         states.append(hidden.detach()[mask.bool()])
         targets.append(q_values[mask.bool()])
@@ -243,7 +244,7 @@ def test_the_learned_baseline_lowers_the_variance_of_the_policy_gradient(process
     # 2. on fresh draws, the same samples give two estimates of the policy gradient: with and without the baseline
     parameters = [model.lm_head.weight, model.lstm.weight_hh_l0]
     with_baseline, without_baseline = [], []
-    for seed in range(100, 130):
+    for seed in range(100, 124):
         mask, q_values, hidden, log_probs = _draw(model, processor, pixel_values, seed)
         baseline_values = model.baseline_values(hidden)
         for estimates, baseline in ((with_baseline, baseline_values), (without_baseline, torch.zeros_like(q_values))):
@@ -253,9 +254,9 @@ def test_the_learned_baseline_lowers_the_variance_of_the_policy_gradient(process
     variance_with = torch.stack(with_baseline).var(dim=0).sum()
     variance_without = torch.stack(without_baseline).var(dim=0).sum()
     assert variance_with < 0.5 * variance_without
-    # both estimate the same expectation: their means agree within the noise of 30 draws
+    # both estimate the same expectation: their means agree within the noise of 24 draws
     mean_gap = (torch.stack(with_baseline).mean(dim=0) - torch.stack(without_baseline).mean(dim=0)).norm()
-    assert mean_gap < 3 * math.sqrt(float(variance_without) / 30)
+    assert mean_gap < 3 * math.sqrt(float(variance_without) / 24)
 
 
 # ---------------------------------------------------------------- training with RLCaptionTrainer

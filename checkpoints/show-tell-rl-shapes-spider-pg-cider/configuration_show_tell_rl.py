@@ -1,0 +1,171 @@
+"""Configuration of ShowTellRL, the Show-and-Tell captioner of seed 000 (Liu et al. 2017)."""
+
+from __future__ import annotations
+
+from transformers import AutoConfig, PretrainedConfig
+
+__all__ = ["ShowTellRLConfig"]
+
+_ENCODER_TYPES = ("cnn", "backbone", "features")
+
+
+class ShowTellRLConfig(PretrainedConfig):
+    r"""
+    Configuration of [`ShowTellRL`]: image encoder -> linear -> first LSTM input, then an LSTM over the words.
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 1000):
+            Size of the word vocabulary, special tokens included (take it from the processor's tokenizer).
+        hidden_size (`int`, *optional*, defaults to 512):
+            LSTM state size (512 in seed 000).
+        word_embedding_size (`int`, *optional*, defaults to 512):
+            Size of the word embeddings and of the projected image embedding (both are LSTM inputs).
+        num_layers (`int`, *optional*, defaults to 1):
+            Number of stacked LSTM layers (1 in seed 000).
+        dropout (`float`, *optional*, defaults to 0.5):
+            Dropout on the LSTM output before the vocabulary projection, and between stacked LSTM layers.
+        encoder_type (`str`, *optional*, defaults to `"cnn"`):
+            `"cnn"` (small CNN trained from scratch, for the synthetic shapes data), `"backbone"` (any `transformers`
+            vision model, pooled output) or `"features"` (precomputed `image_features` as input).
+        image_size (`int`, *optional*, defaults to 64):
+            Side of the square input images (`"cnn"` encoder).
+        num_channels (`int`, *optional*, defaults to 3):
+            Input image channels (`"cnn"` encoder).
+        cnn_channels (`list[int]`, *optional*, defaults to `[32, 64, 64, 64]`):
+            Output channels of the CNN blocks; each block halves the image side.
+        backbone (`str`, *optional*):
+            Hub id or local folder of a `transformers` vision model (`"backbone"` encoder). Its config is read at
+            once and stored in `backbone_config`.
+        backbone_config (`dict`, *optional*):
+            Config of the vision backbone as a dict with its `model_type` (`"backbone"` encoder); builds a randomly
+            initialised backbone when `use_pretrained_backbone` is False.
+        use_pretrained_backbone (`bool`, *optional*):
+            Load the weights of `backbone` when the model is built. Defaults to True when `backbone` is given. The
+            model sets it to False once the weights are part of it, so reloading a saved model downloads nothing.
+        freeze_backbone (`bool`, *optional*, defaults to `True`):
+            Keep the backbone's weights fixed.
+        image_feature_size (`int`, *optional*):
+            Width of precomputed `image_features` (`"features"` encoder).
+        baseline_hidden_size (`int`, *optional*, defaults to 512):
+            Hidden width of the MLP baseline on the LSTM state (seed 000, trained with `spider_pg`).
+        max_caption_length (`int`, *optional*, defaults to 20):
+            Default maximum length of generated sequences, `<bos>` included (written to the generation config).
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the normal initialisation of linear and embedding weights.
+        pad_token_id (`int`, *optional*, defaults to 0), bos_token_id (`int`, *optional*, defaults to 1),
+        eos_token_id (`int`, *optional*, defaults to 2):
+            Special token ids; the defaults are those of [`CaptionProcessor`].
+
+    Example:
+
+    ```python
+    >>> from rlcaption import ShowTellRL, ShowTellRLConfig
+    >>> config = ShowTellRLConfig(vocab_size=200, hidden_size=256, word_embedding_size=256)
+    >>> model = ShowTellRL(config)
+    ```
+    """
+
+    model_type = "show_tell_rl"
+
+    def __init__(
+        self,
+        vocab_size: int = 1000,
+        hidden_size: int = 512,
+        word_embedding_size: int = 512,
+        num_layers: int = 1,
+        dropout: float = 0.5,
+        encoder_type: str = "cnn",
+        image_size: int = 64,
+        num_channels: int = 3,
+        cnn_channels: list[int] | tuple[int, ...] = (32, 64, 64, 64),
+        backbone: str | None = None,
+        backbone_config: dict | None = None,
+        use_pretrained_backbone: bool | None = None,
+        freeze_backbone: bool = True,
+        image_feature_size: int | None = None,
+        baseline_hidden_size: int = 512,
+        max_caption_length: int = 20,
+        initializer_range: float = 0.02,
+        pad_token_id: int = 0,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.word_embedding_size = word_embedding_size
+        self.num_layers = num_layers
+        self.dropout = dropout
+        self.encoder_type = encoder_type
+        self.image_size = image_size
+        self.num_channels = num_channels
+        self.cnn_channels = list(cnn_channels)
+        self.backbone = backbone
+        if encoder_type == "backbone" and backbone_config is None and backbone is not None:
+            backbone_config = AutoConfig.from_pretrained(backbone).to_dict()
+        if hasattr(backbone_config, "to_dict"):
+            backbone_config = backbone_config.to_dict()
+        self.backbone_config = backbone_config
+        self.use_pretrained_backbone = (
+            backbone is not None if use_pretrained_backbone is None else use_pretrained_backbone
+        )
+        self.freeze_backbone = freeze_backbone
+        self.image_feature_size = image_feature_size
+        self.baseline_hidden_size = baseline_hidden_size
+        self.max_caption_length = max_caption_length
+        self.initializer_range = initializer_range
+        # the output projection (hidden_size wide) cannot share the word embeddings (word_embedding_size wide)
+        kwargs["tie_word_embeddings"] = False
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
+        self._validate_show_tell_fields()
+
+    def _validate_show_tell_fields(self) -> None:
+        for name in ("vocab_size", "hidden_size", "word_embedding_size", "num_layers", "baseline_hidden_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ShowTellRLConfig.{name} must be a positive int, got {value!r}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ShowTellRLConfig.dropout must be in [0, 1), got {self.dropout!r}.")
+        if self.max_caption_length < 2:
+            raise ValueError(
+                f"ShowTellRLConfig.max_caption_length must be at least 2 (<bos> and one word), "
+                f"got {self.max_caption_length!r}."
+            )
+        special = {"pad_token_id": self.pad_token_id, "bos_token_id": self.bos_token_id}
+        special["eos_token_id"] = self.eos_token_id
+        for name, token_id in special.items():
+            if not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size:
+                raise ValueError(
+                    f"ShowTellRLConfig.{name}={token_id!r} is not a token id of a vocabulary of size "
+                    f"{self.vocab_size}; take the ids from the processor's tokenizer."
+                )
+        if len(set(special.values())) != 3:
+            raise ValueError(f"The pad, bos and eos token ids must differ, got {special}.")
+        if self.encoder_type not in _ENCODER_TYPES:
+            raise ValueError(
+                f"ShowTellRLConfig.encoder_type={self.encoder_type!r} is not supported; expected one of "
+                f"{_ENCODER_TYPES}."
+            )
+        if self.encoder_type == "cnn":
+            if not self.cnn_channels or any(not isinstance(c, int) or c < 1 for c in self.cnn_channels):
+                raise ValueError(f"cnn_channels must be a non-empty list of positive ints, got {self.cnn_channels!r}.")
+            reduction = 2 ** len(self.cnn_channels)
+            if self.image_size % reduction != 0:
+                raise ValueError(
+                    f"image_size={self.image_size} must be divisible by {reduction} (each of the "
+                    f"{len(self.cnn_channels)} CNN blocks halves the side); change image_size or cnn_channels."
+                )
+        elif self.encoder_type == "backbone":
+            if not isinstance(self.backbone_config, dict) or "model_type" not in self.backbone_config:
+                raise ValueError(
+                    "encoder_type='backbone' needs `backbone` (a hub id or local folder of a transformers vision "
+                    "model) or `backbone_config` (a config dict with its model_type), got "
+                    f"backbone={self.backbone!r}, backbone_config={self.backbone_config!r}."
+                )
+            if self.use_pretrained_backbone and self.backbone is None:
+                raise ValueError("use_pretrained_backbone=True needs `backbone` (the hub id or folder to load).")
+        elif not isinstance(self.image_feature_size, int) or self.image_feature_size < 1:
+            raise ValueError(
+                "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "
+                f"got {self.image_feature_size!r}."
+            )

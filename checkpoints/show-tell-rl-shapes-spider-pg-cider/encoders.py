@@ -1,0 +1,148 @@
+"""Image encoders shared by the captioning models.
+
+Every encoder maps one batch of images to one feature vector per image, `(batch_size, output_size)`:
+
+- [`ConvImageEncoder`]: a small convolutional network trained from scratch, sized for the synthetic shapes data
+  (64x64 images). It keeps the spatial layout (the last feature map is flattened, not pooled) because captions
+  such as "a red circle left of a blue square" depend on where things are.
+- [`BackboneImageEncoder`]: any `transformers` vision model (ViT, ResNet, ConvNeXt, CLIP vision, ...) built from a
+  config dict or loaded from a hub id / local path; its pooled output is the feature. It can be frozen.
+- [`PrecomputedFeatureEncoder`]: features extracted beforehand (`rlcaption extract-features`) pass through
+  unchanged, so training never runs the vision model.
+
+This module imports only `torch` and `transformers`: it is copied next to the model code when a checkpoint is saved
+for `trust_remote_code` loading.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel
+
+__all__ = [
+    "ENCODER_TYPES",
+    "BackboneImageEncoder",
+    "ConvImageEncoder",
+    "PrecomputedFeatureEncoder",
+    "build_image_encoder",
+]
+
+ENCODER_TYPES = ("cnn", "backbone", "features")
+
+
+class ConvImageEncoder(nn.Module):
+    """Conv blocks (3x3 conv, ReLU, 2x2 max-pool) followed by flattening of the last feature map.
+
+    Args:
+        image_size (`int`): side of the square input images; must be divisible by `2 ** len(channels)`.
+        num_channels (`int`): input channels (3 for RGB).
+        channels (`list[int]`): output channels of each block.
+    """
+
+    def __init__(self, image_size: int, num_channels: int, channels: list[int]):
+        super().__init__()
+        blocks = []
+        in_channels = num_channels
+        for out_channels in channels:
+            blocks += [
+                nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d(kernel_size=2),
+            ]
+            in_channels = out_channels
+        self.blocks = nn.Sequential(*blocks)
+        self.image_size = image_size
+        final_side = image_size // 2 ** len(channels)
+        self.output_size = in_channels * final_side * final_side
+
+    def forward(self, pixel_values: torch.FloatTensor) -> torch.FloatTensor:
+        """`pixel_values` `(batch_size, num_channels, image_size, image_size)` -> `(batch_size, output_size)`."""
+        if pixel_values.shape[-2:] != (self.image_size, self.image_size):
+            raise ValueError(
+                f"The CNN encoder was built for {self.image_size}x{self.image_size} images but got pixel_values of "
+                f"shape {tuple(pixel_values.shape)}; resize the images with the model's processor "
+                "(CaptionProcessor with the same image_size)."
+            )
+        return self.blocks(pixel_values).flatten(1)  # (B, C * S * S)
+
+
+def _backbone_output_size(backbone_config) -> int:
+    """Width of a backbone's pooled output, read from its config."""
+    if getattr(backbone_config, "hidden_sizes", None):
+        return backbone_config.hidden_sizes[-1]  # ResNet, ConvNeXt, Swin-style hierarchical backbones
+    if getattr(backbone_config, "hidden_size", None):
+        return backbone_config.hidden_size  # ViT, DeiT, CLIP vision, DINOv2
+    raise ValueError(
+        f"Cannot tell the output width of a {type(backbone_config).__name__} backbone: its config has neither "
+        "`hidden_sizes` nor `hidden_size`. Extract features with it instead (encoder_type='features')."
+    )
+
+
+class BackboneImageEncoder(nn.Module):
+    """A `transformers` vision model whose pooled output (or mean over positions) is the image feature.
+
+    Args:
+        backbone_config (`dict`): the backbone's config as a dict with its `model_type`.
+        freeze (`bool`): keep the backbone's parameters fixed (no gradient, always in eval mode).
+    """
+
+    def __init__(self, backbone_config: dict, freeze: bool):
+        super().__init__()
+        config_kwargs = dict(backbone_config)
+        model_type = config_kwargs.pop("model_type")
+        self.backbone = AutoModel.from_config(AutoConfig.for_model(model_type, **config_kwargs))
+        self.output_size = _backbone_output_size(self.backbone.config)
+        self.freeze = freeze
+        if freeze:
+            self.backbone.requires_grad_(False)
+
+    def load_pretrained_backbone(self, name_or_path: str) -> None:
+        """Replace the backbone's weights by those of `name_or_path` (hub id or local folder)."""
+        pretrained = AutoModel.from_pretrained(name_or_path)
+        self.backbone.load_state_dict(pretrained.state_dict())
+
+    def train(self, mode: bool = True) -> BackboneImageEncoder:
+        super().train(mode)
+        if self.freeze:
+            # a frozen backbone keeps its batch-norm statistics and disables its dropout
+            self.backbone.eval()
+        return self
+
+    def forward(self, pixel_values: torch.FloatTensor) -> torch.FloatTensor:
+        """`pixel_values` `(batch_size, 3, H, W)` -> `(batch_size, output_size)`."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze):
+            outputs = self.backbone(pixel_values=pixel_values)
+        pooled = getattr(outputs, "pooler_output", None)
+        if pooled is None:
+            hidden = outputs.last_hidden_state
+            # (B, N, D) token sequences or (B, D, H, W) feature maps: average over positions
+            pooled = hidden.mean(dim=1) if hidden.dim() == 3 else hidden.mean(dim=(2, 3))
+        return pooled.flatten(1)  # ResNet-style pooler outputs are (B, D, 1, 1)
+
+
+class PrecomputedFeatureEncoder(nn.Module):
+    """Checks and passes through precomputed features `(batch_size, feature_size)`."""
+
+    def __init__(self, feature_size: int):
+        super().__init__()
+        self.output_size = feature_size
+
+    def forward(self, image_features: torch.FloatTensor) -> torch.FloatTensor:
+        if image_features.dim() != 2 or image_features.shape[-1] != self.output_size:
+            raise ValueError(
+                f"Expected image_features of shape (batch_size, {self.output_size}) but got "
+                f"{tuple(image_features.shape)}; set image_feature_size in the config to the extractor's width."
+            )
+        return image_features
+
+
+def build_image_encoder(config) -> ConvImageEncoder | BackboneImageEncoder | PrecomputedFeatureEncoder:
+    """Build the encoder named by `config.encoder_type` from the fields of a captioning model config."""
+    if config.encoder_type == "cnn":
+        return ConvImageEncoder(config.image_size, config.num_channels, list(config.cnn_channels))
+    if config.encoder_type == "backbone":
+        return BackboneImageEncoder(config.backbone_config, freeze=config.freeze_backbone)
+    if config.encoder_type == "features":
+        return PrecomputedFeatureEncoder(config.image_feature_size)
+    raise ValueError(f"Unknown encoder_type {config.encoder_type!r}; expected one of {ENCODER_TYPES}.")

@@ -1,0 +1,474 @@
+"""ShowTellRL: the Show-and-Tell captioner of seed 000 (Liu et al. 2017) as a `transformers` model.
+
+image -> encoder -> linear -> first LSTM input (the image is fed once, before `<bos>`); then the LSTM reads the words;
+dropout; linear to the vocabulary. Generation (`model.generate`) runs on a recurrent state object
+([`ShowTellRLState`]) instead of a key/value cache. The methods used by the RL objectives (log-probabilities of given
+captions, stepping the LSTM, the state after every prefix for Monte-Carlo rollouts, the MLP baseline) are plain
+methods with documented shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+from .encoders import ConvImageEncoder, build_image_encoder
+
+from .configuration_show_tell_rl import ShowTellRLConfig
+
+__all__ = ["ShowTellRL", "ShowTellRLOutput", "ShowTellRLPreTrainedModel", "ShowTellRLState"]
+
+
+class ShowTellRLState:
+    """Recurrent state of a batch of partial captions: what `generate` keeps between steps as `past_key_values`.
+
+    Args:
+        hidden (`torch.FloatTensor` of shape `(num_layers, batch_size, hidden_size)`): LSTM hidden state.
+        cell (`torch.FloatTensor` of shape `(num_layers, batch_size, hidden_size)`): LSTM cell state.
+        seq_length (`int`): number of word tokens read so far (the image step is not counted).
+    """
+
+    # `generate` asks these of any cache; a recurrent state has a fixed size and nothing to compile or crop
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, hidden: torch.FloatTensor, cell: torch.FloatTensor, seq_length: int = 0):
+        self.hidden = hidden
+        self.cell = cell
+        self.seq_length = seq_length
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of word tokens read so far."""
+        return self.seq_length
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Select, in place, the states of the beams that survive a beam-search step: `beam_idx` `(batch_size,)`."""
+        beam_idx = beam_idx.to(self.hidden.device)
+        self.hidden = self.hidden.index_select(1, beam_idx)
+        self.cell = self.cell.index_select(1, beam_idx)
+
+    def repeat_interleave(self, repeats: int) -> ShowTellRLState:
+        """A new state with every caption's state repeated `repeats` times (e.g. K rollouts from each prefix)."""
+        return ShowTellRLState(
+            self.hidden.repeat_interleave(repeats, dim=1), self.cell.repeat_interleave(repeats, dim=1), self.seq_length
+        )
+
+
+@dataclass
+class ShowTellRLOutput(ModelOutput):
+    """Output of [`ShowTellRL.forward`].
+
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*, returned when `labels` is given):
+            Mean cross-entropy of the next-token predictions over the non-ignored labels.
+        logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`):
+            Next-token scores: `logits[:, t]` predicts the token at position `t + 1`.
+        past_key_values ([`ShowTellRLState`], *optional*, returned when `use_cache=True`):
+            LSTM state after the last input token, to continue decoding from.
+        hidden_states (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*,
+        returned when `output_hidden_states=True`):
+            Top-layer LSTM output for each input token (the input of the baseline head).
+        baseline_values (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*, returned when
+        `output_baseline_values=True`):
+            Seed 000 baseline `B_phi` after each input token, from the detached hidden states (see
+            [`ShowTellRL.baseline_values`]).
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    past_key_values: ShowTellRLState | None = None
+    hidden_states: torch.FloatTensor | None = None
+    baseline_values: torch.FloatTensor | None = None
+
+
+class ShowTellRLPreTrainedModel(PreTrainedModel):
+    config_class = ShowTellRLConfig
+    config: ShowTellRLConfig
+    base_model_prefix = "show_tell_rl"
+    main_input_name = "input_ids"
+    _no_split_modules = ["ShowTellRL"]
+    # a recurrent state cannot be rolled back, so assisted generation must refuse this model
+    _is_stateful = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, ConvImageEncoder):
+            # ReLU conv stacks trained from scratch need He initialisation; N(0, 0.02) makes activations vanish
+            for layer in module.blocks:
+                if isinstance(layer, nn.Conv2d):
+                    init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
+                    init.zeros_(layer.bias)
+        elif not isinstance(module, nn.Conv2d) or not _is_inside_conv_encoder(self, module):
+            super()._init_weights(module)
+
+
+def _is_inside_conv_encoder(model: nn.Module, module: nn.Module) -> bool:
+    encoder = getattr(model, "image_encoder", None)
+    return isinstance(encoder, ConvImageEncoder) and any(module is layer for layer in encoder.blocks)
+
+
+class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
+    """Show-and-Tell LSTM captioner with the MLP baseline head of seed 000.
+
+    Decode with `model.generate(pixel_values=...)` (or `image_features=...` for the `"features"` encoder): greedy,
+    sampling (`do_sample`, `temperature`, `top_k`, `top_p`), beam search (`num_beams`) and `num_return_sequences`
+    all work; the returned sequences start with `<bos>`.
+    """
+
+    def __init__(self, config: ShowTellRLConfig):
+        super().__init__(config)
+        self.image_encoder = build_image_encoder(config)
+        self.image_projection = nn.Linear(self.image_encoder.output_size, config.word_embedding_size)
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.word_embedding_size)
+        self.lstm = nn.LSTM(
+            config.word_embedding_size,
+            config.hidden_size,
+            num_layers=config.num_layers,
+            dropout=config.dropout if config.num_layers > 1 else 0.0,
+            batch_first=True,
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        # seed 000: B_phi(s_t), an MLP on the LSTM hidden state; trained only through `baseline_values`
+        self.baseline_head = nn.Sequential(
+            nn.Linear(config.hidden_size, config.baseline_hidden_size),
+            nn.ReLU(),
+            nn.Linear(config.baseline_hidden_size, 1),
+        )
+        self.post_init()
+        if config.encoder_type == "backbone" and config.use_pretrained_backbone:
+            # after post_init, which would otherwise re-initialise the pretrained weights
+            self.image_encoder.load_pretrained_backbone(config.backbone)
+            # the weights are now part of this model: a saved copy must not download them again
+            config.use_pretrained_backbone = False
+        self.generation_config.bos_token_id = config.bos_token_id
+        self.generation_config.eos_token_id = config.eos_token_id
+        self.generation_config.pad_token_id = config.pad_token_id
+        self.generation_config.max_length = config.max_caption_length
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate must not create a DynamicCache: the first forward returns a ShowTellRLState instead
+        return False
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.word_embeddings = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    # ---------------------------------------------------------------- image side
+    def encode_images(
+        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+    ) -> torch.FloatTensor:
+        """Image embedding fed to the LSTM before `<bos>`.
+
+        Args:
+            pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`): for the `"cnn"`
+                and `"backbone"` encoders.
+            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`): for `"features"`.
+
+        Returns:
+            `torch.FloatTensor` of shape `(batch_size, word_embedding_size)`.
+        """
+        if self.config.encoder_type == "features":
+            if image_features is None:
+                raise ValueError(
+                    "This model reads precomputed features (encoder_type='features'): pass image_features."
+                )
+            encoded = self.image_encoder(image_features.to(self.dtype))
+        else:
+            if pixel_values is None:
+                raise ValueError(
+                    f"This model encodes images itself (encoder_type={self.config.encoder_type!r}): pass pixel_values "
+                    "(from CaptionProcessor)."
+                )
+            encoded = self.image_encoder(pixel_values.to(self.dtype))
+        return self.image_projection(encoded)
+
+    def initial_state(
+        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+    ) -> ShowTellRLState:
+        """LSTM state after reading the image embedding (before `<bos>`), from a zero state."""
+        image_embeddings = self.encode_images(pixel_values, image_features)  # (B, W)
+        zeros = image_embeddings.new_zeros(self.config.num_layers, image_embeddings.shape[0], self.config.hidden_size)
+        _, (hidden, cell) = self.lstm(image_embeddings[:, None, :], (zeros, zeros))
+        return ShowTellRLState(hidden, cell, seq_length=0)
+
+    # ---------------------------------------------------------------- LSTM over words
+    def _run_lstm_stepwise(
+        self, inputs: torch.FloatTensor, state: tuple[torch.Tensor, torch.Tensor], step_mask: torch.Tensor | None
+    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """One LSTM call per position; positions where `step_mask` is False carry the state through unchanged.
+
+        Returns the hidden and cell states after every position, each `(num_layers, batch_size, seq_len, hidden)`.
+        """
+        hidden, cell = state
+        hiddens, cells = [], []
+        for position in range(inputs.shape[1]):
+            _, (next_hidden, next_cell) = self.lstm(inputs[:, position : position + 1], (hidden, cell))
+            if step_mask is not None:
+                keep = step_mask[:, position].view(1, -1, 1)
+                next_hidden = torch.where(keep, next_hidden, hidden)
+                next_cell = torch.where(keep, next_cell, cell)
+            hidden, cell = next_hidden, next_cell
+            hiddens.append(hidden)
+            cells.append(cell)
+        return torch.stack(hiddens, dim=2), torch.stack(cells, dim=2)  # (L, B, T, H) each
+
+    def _run_lstm(
+        self,
+        inputs: torch.FloatTensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        step_mask: torch.Tensor | None,
+        need_final_state: bool,
+    ) -> tuple[torch.FloatTensor, tuple[torch.Tensor, torch.Tensor]]:
+        """LSTM over `inputs` `(B, T, W)` from `state`; padding (`step_mask` False) leaves the state unchanged.
+
+        Returns the top-layer output `(B, T, H)` and the final `(hidden, cell)`. Outputs at padding positions are
+        meaningless (they are never scored); every other output is exact.
+        """
+        if step_mask is None or bool(step_mask.all()):
+            outputs, final_state = self.lstm(inputs, state)
+            return outputs, final_state
+        lengths = step_mask.sum(dim=1)
+        positions = torch.arange(inputs.shape[1], device=inputs.device)
+        is_right_padded = bool((step_mask == (positions[None, :] < lengths[:, None])).all())
+        if is_right_padded and not need_final_state:
+            # teacher forcing: right padding comes after every scored position, so one plain call is exact there
+            outputs, final_state = self.lstm(inputs, state)
+            return outputs, final_state
+        if is_right_padded and bool((lengths > 0).all()):
+            # the usual teacher-forcing batch: one packed LSTM call instead of a Python loop
+            packed = pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            packed_outputs, (hidden, cell) = self.lstm(packed, state)
+            outputs, _ = pad_packed_sequence(packed_outputs, batch_first=True, total_length=inputs.shape[1])
+            return outputs, (hidden, cell)
+        hiddens, cells = self._run_lstm_stepwise(inputs, state, step_mask)  # left padding or holes
+        return hiddens[-1], (hiddens[:, :, -1], cells[:, :, -1])
+
+    def _vocabulary_scores(self, lstm_outputs: torch.FloatTensor) -> torch.FloatTensor:
+        """Logits over the vocabulary; `<pad>` and `<bos>` get the lowest finite score.
+
+        A caption never continues with `<pad>` or `<bos>`, so the model gives them (numerically) zero probability:
+        sampling, beam search and `caption_log_probs` then all use the same distribution, and entropies stay
+        finite (0 * log 0 = 0 with a finite minimum, NaN with -inf).
+        """
+        logits = self.lm_head(self.dropout(lstm_outputs))
+        never_predicted = torch.tensor([self.config.pad_token_id, self.config.bos_token_id], device=logits.device)
+        return logits.index_fill(-1, never_predicted, torch.finfo(logits.dtype).min)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+        past_key_values: ShowTellRLState | None = None,
+        labels: torch.LongTensor | None = None,
+        image_index: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_baseline_values: bool = False,
+        return_dict: bool | None = None,
+    ) -> ShowTellRLOutput | tuple:
+        r"""
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
+                Caption tokens, `<bos> w_1 ... <eos> <pad> ...` (with a cache: only the new tokens).
+            pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
+                Images (`"cnn"`/`"backbone"` encoders). Read only when `past_key_values` is None.
+            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
+                Precomputed features (`"features"` encoder). Read only when `past_key_values` is None.
+            attention_mask (`torch.LongTensor` of shape `(batch_size, sequence_length)` or
+            `(batch_size, past_length + sequence_length)`, *optional*):
+                1 for tokens, 0 for padding; the LSTM state is carried unchanged through padding (left or right).
+                Only its last `sequence_length` columns are read.
+            past_key_values ([`ShowTellRLState`], *optional*):
+                State to continue from; the image inputs are then ignored.
+            labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
+                Causal-LM targets: `logits[:, t]` is scored against `labels[:, t + 1]`; -100 and `pad_token_id`
+                are ignored. Usually `labels = input_ids`.
+            image_index (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
+                For several captions per image: the row of each caption's image in `pixel_values`/`image_features`
+                (which then hold each image once). Images are encoded once and their state shared by their captions,
+                instead of encoding repeated copies.
+            use_cache (`bool`, *optional*):
+                Return the final state as `past_key_values`. Defaults to True in eval mode and False in training
+                mode, where the state is not needed and right-padded batches take a faster path.
+            output_hidden_states (`bool`, *optional*):
+                Return the top-layer LSTM outputs `(batch_size, sequence_length, hidden_size)`.
+            output_baseline_values (`bool`, *optional*, defaults to `False`):
+                Return the baseline head's values `(batch_size, sequence_length)` on the detached hidden states.
+                Computing them inside `forward` (rather than calling [`baseline_values`] afterwards) keeps the head
+                part of the forward pass that DDP tracks, so its gradients are synchronised across processes.
+            return_dict (`bool`, *optional*):
+                Return a [`ShowTellRLOutput`] (default) or a tuple.
+        """
+        if input_ids is None:
+            raise ValueError("ShowTellRL.forward needs input_ids (start captions with the <bos> token id).")
+        use_cache = not self.training if use_cache is None else use_cache
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+
+        # 1. starting state: after the image, or the given cache
+        if past_key_values is not None:
+            state = past_key_values
+        else:
+            state = self.initial_state(pixel_values, image_features)
+            if image_index is not None:
+                state = ShowTellRLState(state.hidden[:, image_index], state.cell[:, image_index], state.seq_length)
+        # 2. LSTM over the words
+        step_mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :].bool()
+        word_embeddings = self.word_embeddings(input_ids)  # (B, T, W)
+        outputs, (hidden, cell) = self._run_lstm(
+            word_embeddings, (state.hidden, state.cell), step_mask, need_final_state=use_cache
+        )
+        # 3. vocabulary scores
+        logits = self._vocabulary_scores(outputs)  # (B, T, V)
+
+        loss = None
+        if labels is not None:
+            targets = labels[:, 1:].masked_fill(labels[:, 1:] == self.config.pad_token_id, -100)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+        output = ShowTellRLOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=ShowTellRLState(hidden, cell, state.seq_length + input_ids.shape[1])
+            if use_cache
+            else None,
+            hidden_states=outputs if output_hidden_states else None,
+            baseline_values=self.baseline_values(outputs) if output_baseline_values else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+    # ---------------------------------------------------------------- RL interface
+    def step(
+        self, token_ids: torch.LongTensor, state: ShowTellRLState
+    ) -> tuple[torch.FloatTensor, torch.FloatTensor, ShowTellRLState]:
+        """Read one token per caption.
+
+        Args:
+            token_ids (`torch.LongTensor` of shape `(batch_size,)`): the current token of each caption.
+            state ([`ShowTellRLState`]): state before the token (not modified).
+
+        Returns:
+            logits `(batch_size, vocab_size)` for the next token, the top-layer hidden state `(batch_size,
+            hidden_size)`, and the new state.
+        """
+        outputs, (hidden, cell) = self.lstm(self.word_embeddings(token_ids)[:, None, :], (state.hidden, state.cell))
+        top_hidden = outputs[:, 0]  # (B, H)
+        logits = self._vocabulary_scores(top_hidden)  # (B, V)
+        return logits, top_hidden, ShowTellRLState(hidden, cell, state.seq_length + 1)
+
+    def caption_log_probs(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.LongTensor | None = None,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+    ) -> torch.FloatTensor:
+        """Log-probability of each next token of given captions under the model (teacher forcing).
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, T)`): captions starting with `<bos>`.
+            attention_mask (`torch.LongTensor` of shape `(batch_size, T)`, *optional*): 0 at padding; defaults
+                to `input_ids != pad_token_id`.
+
+        Returns:
+            `torch.FloatTensor` of shape `(batch_size, T - 1)`: `log p(input_ids[:, t + 1] | input_ids[:, :t + 1],
+            image)`, 0 where `input_ids[:, t + 1]` is padding.
+        """
+        if attention_mask is None:
+            attention_mask = (input_ids != self.config.pad_token_id).long()
+        logits = self(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            pixel_values=pixel_values,
+            image_features=image_features,
+            use_cache=False,
+        ).logits
+        log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
+        token_log_probs = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+        return token_log_probs.masked_fill(~attention_mask[:, 1:].bool(), 0.0)
+
+    def prefix_states(
+        self,
+        input_ids: torch.LongTensor,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """LSTM state after every prefix of given captions: where Monte-Carlo rollouts continue from (seed 000).
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch_size, T)`): captions starting with `<bos>`.
+            attention_mask (`torch.LongTensor` of shape `(batch_size, T)`, *optional*): the state is carried
+                unchanged through padding.
+
+        Returns:
+            `(hidden, cell)`, each `torch.FloatTensor` of shape `(num_layers, batch_size, T, hidden_size)`: index
+            `[:, :, t]` is the state after reading `input_ids[:, : t + 1]`; continue from it with
+            `ShowTellRLState(hidden[:, :, t].contiguous(), cell[:, :, t].contiguous(), t + 1)` and [`step`].
+        """
+        state = self.initial_state(pixel_values, image_features)
+        step_mask = None if attention_mask is None else attention_mask.bool()
+        return self._run_lstm_stepwise(self.word_embeddings(input_ids), (state.hidden, state.cell), step_mask)
+
+    def baseline_values(self, hidden_states: torch.FloatTensor) -> torch.FloatTensor:
+        """Seed 000 baseline `B_phi(s_t)` from LSTM hidden states `(batch_size, T, hidden_size)` -> `(batch_size, T)`.
+
+        The input is detached: the baseline's regression loss trains only `baseline_head`, never the LSTM.
+        """
+        return self.baseline_head(hidden_states.detach()).squeeze(-1)
+
+    # ---------------------------------------------------------------- saving for trust_remote_code
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`; when registered for `trust_remote_code`, also makes the code standalone.
+
+        The saved `modeling_show_tell_rl.py` imports the shared image encoders from the package; next to the
+        checkpoint it must import them from a copy in the same folder, so that users without `rlcaption` can load
+        the model with `trust_remote_code=True`.
+        """
+        hub_kwargs = {key: kwargs.pop(key) for key in _HUB_UPLOAD_KWARGS if key in kwargs}
+        repo_id = hub_kwargs.pop("repo_id", Path(save_directory).name)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if self.is_remote_code():
+            _make_remote_code_standalone(Path(save_directory))
+        if push_to_hub:
+            # `push_to_hub` saves again through this method, so the uploaded code is the standalone one
+            self.push_to_hub(repo_id, token=kwargs.get("token"), **hub_kwargs)
+
+
+_HUB_UPLOAD_KWARGS = ("repo_id", "commit_message", "private", "create_pr", "revision", "commit_description")
+_PACKAGE_ENCODER_IMPORT = "from .encoders import"
+
+
+def _make_remote_code_standalone(save_directory: Path) -> None:
+    """Copy `encoders.py` next to the saved modeling file and point its import at the copy."""
+    encoders_file = sys.modules[ConvImageEncoder.__module__].__file__  # the package's or a remote copy
+    modeling_file = save_directory / Path(__file__).name
+    source = modeling_file.read_text(encoding="utf-8")
+    modeling_file.write_text(source.replace(_PACKAGE_ENCODER_IMPORT, "from .encoders import"), encoding="utf-8")
+    if Path(encoders_file).resolve() != (save_directory / "encoders.py").resolve():
+        shutil.copyfile(encoders_file, save_directory / "encoders.py")

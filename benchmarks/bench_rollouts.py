@@ -153,7 +153,7 @@ def main() -> None:
     print(f"| {'measurement':<48} | {'seconds':>8} | {'ratio':>6} |")
     print(f"|{'-' * 50}|{'-' * 10}|{'-' * 8}|")
     for name, seconds, ratio in rows:
-        print(f"| {name:<48} | {seconds:8.3f} | {ratio:6.2f} |")
+        print(f"| {name:<48} | {seconds:8.3f} | {ratio:6.3f} |")
     speedup = rollout_seconds["per_prefix"] / rollout_seconds["batched"]
     print(f"batched rollouts are {speedup:.1f}x faster; identical captions with the same draws: {same_captions}")
 

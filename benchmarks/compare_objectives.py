@@ -9,6 +9,10 @@ per prefix, learned baseline), both with the CIDEr-D reward and the same learnin
 three models caption the test split with beam search (3 beams) and are scored with CIDEr-D, BLEU-4, ROUGE-L and
 METEOR (Java). The dataset is the same for every seed (`--data-seed`); the seed changes the initialisation, the data
 order and the sampling. The table gives the mean and the sample standard deviation over seeds.
+
+`--xe-model FOLDER` starts every seed's SCST and spider_pg from one saved XE model (with its processor) instead of
+training XE per seed: the spread then measures the RL runs only (the XE row has none). Use the shapes sizes the XE
+model was trained with (the recipe's: `--num-train 4000 --num-validation 200 --num-test 500`).
 """
 
 from __future__ import annotations
@@ -63,8 +67,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--num-train", type=int, default=2000)
+    parser.add_argument("--num-validation", type=int, default=200)
     parser.add_argument("--num-test", type=int, default=500)
     parser.add_argument("--image-size", type=int, default=48)
+    parser.add_argument("--xe-model", default=None, help="A saved XE model shared by all seeds (see above).")
     parser.add_argument("--xe-epochs", type=float, default=3.0)
     parser.add_argument("--xe-learning-rate", type=float, default=2e-3)
     parser.add_argument("--rl-epochs", type=float, default=1.0)
@@ -75,20 +81,29 @@ def main() -> None:
     datasets.disable_progress_bars()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
 
-    shapes = load_shapes(args.num_train, 50, args.num_test, image_size=args.image_size, seed=args.data_seed)
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    processor = CaptionProcessor.from_captions(captions, min_count=1, image_size=args.image_size)
+    shapes = load_shapes(
+        args.num_train, args.num_validation, args.num_test, image_size=args.image_size, seed=args.data_seed
+    )
+    if args.xe_model is not None:
+        processor = CaptionProcessor.from_pretrained(args.xe_model)
+    else:
+        captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
+        processor = CaptionProcessor.from_captions(captions, min_count=1, image_size=args.image_size)
     rl_settings = {"num_train_epochs": args.rl_epochs, "learning_rate": args.rl_learning_rate}
     runs: dict[str, list[dict[str, float]]] = {"XE": [], "SCST": [], "spider_pg": []}
     with tempfile.TemporaryDirectory() as work_dir:
         for seed in args.seeds:
-            xe_dir = os.path.join(work_dir, f"xe-{seed}")
             models, seconds = {}, {}
-            models["XE"] = _new_model(processor, args.image_size, seed)
-            seconds["XE"] = _train(
-                models["XE"], processor, shapes["train"], xe_dir, seed, objective="xe",
-                num_train_epochs=args.xe_epochs, learning_rate=args.xe_learning_rate,
-            )  # fmt: skip
+            if args.xe_model is not None:
+                xe_dir = args.xe_model
+                models["XE"], seconds["XE"] = ShowTellRL.from_pretrained(xe_dir), 0.0
+            else:
+                xe_dir = os.path.join(work_dir, f"xe-{seed}")
+                models["XE"] = _new_model(processor, args.image_size, seed)
+                seconds["XE"] = _train(
+                    models["XE"], processor, shapes["train"], xe_dir, seed, objective="xe",
+                    num_train_epochs=args.xe_epochs, learning_rate=args.xe_learning_rate,
+                )  # fmt: skip
             models["SCST"] = ShowTellRL.from_pretrained(xe_dir)
             seconds["SCST"] = _train(
                 models["SCST"], processor, shapes["train"], os.path.join(work_dir, f"scst-{seed}"), seed,
@@ -118,9 +133,11 @@ def main() -> None:
         }
         for name, scores in runs.items()
     }
+    warm_start = args.xe_model or f"XE {args.xe_epochs:g} epochs"
     print(
-        f"\nshapes test split ({args.num_test} images), beam 3, mean ± std over seeds {args.seeds}; XE "
-        f"{args.xe_epochs:g} epochs on {args.num_train} images, then SCST / spider_pg {args.rl_epochs:g} epoch(s)"
+        f"\nshapes test split ({args.num_test} images), beam 3, mean ± std over seeds {args.seeds}; warm start "
+        f"{warm_start}, then SCST / spider_pg {args.rl_epochs:g} epoch(s) of {args.num_train} images at lr "
+        f"{args.rl_learning_rate:g}"
     )
     header = " | ".join(f"{DISPLAY_NAMES[key]:>15}" for key in keys)
     print(f"| {'model':<10} | {header} | {'train s':>8} |")

@@ -31,8 +31,13 @@ __all__ = [
 ENCODER_TYPES = ("cnn", "backbone", "features")
 
 
+def _num_groups(num_channels: int, max_groups: int = 8) -> int:
+    """The largest number of GroupNorm groups, at most `max_groups`, that divides `num_channels`."""
+    return next(groups for groups in range(min(max_groups, num_channels), 0, -1) if num_channels % groups == 0)
+
+
 class ConvImageEncoder(nn.Module):
-    """Conv blocks (3x3 conv, ReLU, 2x2 max-pool) followed by flattening of the last feature map.
+    """Conv blocks (3x3 conv, GroupNorm, ReLU, 2x2 max-pool) followed by flattening of the last feature map.
 
     Args:
         image_size (`int`): side of the square input images; must be divisible by `2 ** len(channels)`.
@@ -47,6 +52,12 @@ class ConvImageEncoder(nn.Module):
         for out_channels in channels:
             blocks += [
                 nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
+                # Per-image normalisation keeps the features of small coloured objects on a large uniform background
+                # from being drowned by the background's constant response (without it the image embedding grows
+                # by orders of magnitude during training and saturates the LSTM). GroupNorm, unlike BatchNorm,
+                # behaves the same in training and evaluation mode, so sampled captions and their log-probabilities
+                # come from the same policy.
+                nn.GroupNorm(num_groups=_num_groups(out_channels), num_channels=out_channels),
                 nn.ReLU(),
                 nn.MaxPool2d(kernel_size=2),
             ]

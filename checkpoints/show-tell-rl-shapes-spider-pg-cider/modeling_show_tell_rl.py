@@ -130,6 +130,9 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.image_encoder = build_image_encoder(config)
         self.image_projection = nn.Linear(self.image_encoder.output_size, config.word_embedding_size)
+        # A bounded-scale image input: without it, XE training inflates the embedding's image-independent part until
+        # the LSTM gates saturate and every image yields the same state (the captioner then ignores the image).
+        self.image_norm = nn.LayerNorm(config.word_embedding_size)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.word_embedding_size)
         self.lstm = nn.LSTM(
             config.word_embedding_size,
@@ -201,7 +204,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                     "(from CaptionProcessor)."
                 )
             encoded = self.image_encoder(pixel_values.to(self.dtype))
-        return self.image_projection(encoded)
+        return self.image_norm(self.image_projection(encoded))
 
     def initial_state(
         self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None

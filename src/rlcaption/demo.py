@@ -73,12 +73,15 @@ def _score(model, processor, test_split, num_beams: int) -> tuple[dict[str, floa
     return evaluate_captions(predictions, references, metrics=["cider", "bleu"]), predictions
 
 
-def run_demo(output_dir: str = "runs/demo", quick: bool = False) -> dict[str, dict[str, float]]:
+def run_demo(
+    output_dir: str = "runs/demo", quick: bool = False, settings: DemoSettings | None = None
+) -> dict[str, dict[str, float]]:
     """
     Trains XE then SCST on shapes, prints the comparison table and example captions, and returns the scores as
-    `{"XE greedy": {"CIDEr": ..., "Bleu_4": ...}, ...}`.
+    `{"XE greedy": {"CIDEr": ..., "Bleu_4": ...}, ...}`. `settings` overrides the defaults (or `quick`).
     """
-    settings = DemoSettings.quick() if quick else DemoSettings()
+    if settings is None:
+        settings = DemoSettings.quick() if quick else DemoSettings()
     torch.manual_seed(settings.seed)
     # Models this small gain nothing from intra-op threads, and lose ~10x when another process holds a core
     # (100 XE steps: 10 s with one thread, 119 s with two while a second process ran).

@@ -67,8 +67,10 @@ class CaptionCollator:
             references = []
             for row in rows:
                 captions = row["captions"]
-                if not isinstance(captions, list | tuple) or not captions or not all(
-                    isinstance(caption, str) for caption in captions
+                if (
+                    not isinstance(captions, list | tuple)
+                    or not captions
+                    or not all(isinstance(caption, str) for caption in captions)
                 ):
                     raise ValueError(
                         f"Image {row.get('image_id', '?')!r} has no usable references: `captions` must be a "

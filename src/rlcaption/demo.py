@@ -33,7 +33,7 @@ class DemoSettings:
     image_size: int = 48
     cnn_channels: tuple[int, ...] = (16, 32, 32, 32)
     hidden_size: int = 128
-    xe_epochs: float = 12
+    xe_epochs: float = 30
     xe_learning_rate: float = 2e-3
     scst_epochs: float = 3
     scst_learning_rate: float = 5e-4

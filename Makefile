@@ -18,7 +18,7 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	$(BIN)/rlcaption demo --output-dir runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
@@ -30,8 +30,13 @@ quality: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
 	$(BIN)/ruff format --check src tests examples benchmarks
 
+# Benchmarks that compare with pycocoevalcap read the COCO captions from DATA_DIR.
+DATA_DIR ?= ../shared/data
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_metrics.py
+	$(BIN)/python benchmarks/bench_metrics.py --data-dir $(DATA_DIR)
+	$(BIN)/python benchmarks/tokenizer_agreement.py --data-dir $(DATA_DIR)
+	$(BIN)/python benchmarks/bench_shapes.py
+	$(BIN)/python benchmarks/bench_rollouts.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

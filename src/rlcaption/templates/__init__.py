@@ -1,0 +1,1 @@
+"""Model-card templates (Jinja) shipped with the package; rendered by `rlcaption.hub`."""

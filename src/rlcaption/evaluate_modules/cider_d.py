@@ -5,10 +5,9 @@ Load it offline from the installed package with `rlcaption.metrics.load_metric("
 Inputs are raw captions, tokenized like the COCO toolkit does (see `rlcaption.metrics.evaluate_captions`).
 """
 
-import datasets
 import evaluate
 
-from rlcaption.metrics.evaluation import evaluate_captions
+from rlcaption.metrics import evaluate_module
 
 _CITATION = """\
 @inproceedings{vedantam2015cider,
@@ -42,23 +41,8 @@ Examples:
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class CiderD(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("string"), "references": datasets.Sequence(datasets.Value("string"))}
-            ),
-            reference_urls=["https://github.com/tylin/coco-caption"],
-        )
-
-    def _compute(self, predictions, references, tokenizer="fast", document_frequencies=None):
-        return evaluate_captions(
-            dict(enumerate(predictions)),
-            dict(enumerate(references)),
-            metrics=["cider"],
-            tokenizer=tokenizer,
-            document_frequencies=document_frequencies,
-        )
+class CiderD(evaluate_module.CaptionMetricModule):
+    metric_names = ("cider",)
+    description = _DESCRIPTION
+    citation = _CITATION
+    inputs_description = _KWARGS_DESCRIPTION

@@ -1,0 +1,42 @@
+"""The recipes run end to end as a user launches them (tiny settings)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run_recipe(script: str, *arguments: str, cache_dir: Path) -> str:
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(EXAMPLES / script), *arguments]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_xe_then_scst_then_caption(tmp_path):
+    common = ["--num_train_images", "16", "--use_cpu", "--per_device_train_batch_size", "4", "--save_strategy", "no"]
+    run_recipe(
+        "train_xe.py", "--output_dir", str(tmp_path / "xe"), "--hidden_size", "16", "--max_steps", "2",
+        "--eval_strategy", "no", *common, cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    assert (tmp_path / "xe" / "model.safetensors").is_file()
+    assert (tmp_path / "xe" / "processor_config.json").is_file()
+
+    run_recipe(
+        "train_scst.py", "--model_name_or_path", str(tmp_path / "xe"), "--output_dir", str(tmp_path / "scst"),
+        "--max_steps", "1", "--num_samples_per_image", "2", "--eval_strategy", "no", *common,
+        cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    assert (tmp_path / "scst" / "model.safetensors").is_file()
+
+    image = tmp_path / "scene.png"
+    Image.new("RGB", (64, 64), "white").save(image)
+    printed = run_recipe("caption.py", "--model", str(tmp_path / "scst"), str(image), cache_dir=tmp_path / "cache")
+    path, caption = printed.strip().split("\t")
+    assert path == str(image)
+    assert caption == caption.lower()

@@ -110,6 +110,14 @@ class RLCaptionConfig(TrainingArguments):
         },
     )
 
+    baseline_learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "Learning rate of the model's baseline head (its own optimizer parameter group, no weight "
+            "decay); `learning_rate` when unset. The baseline is a regression that can learn faster than the policy."
+        },
+    )
+
     # Changed defaults. Captions, references and image ids are not forward() arguments, so the Trainer must not
     # drop those columns.
     remove_unused_columns: bool = field(
@@ -140,6 +148,8 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
+        if self.baseline_learning_rate is not None and self.baseline_learning_rate <= 0:
+            raise ValueError(f"baseline_learning_rate must be > 0 or None, got {self.baseline_learning_rate}.")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
         if self.max_caption_length < 1:

@@ -224,6 +224,32 @@ class RLCaptionTrainer(Trainer):
             max_length=self.args.max_caption_length + 1,  # + the start token
         )
 
+    # ------------------------------------------------------------------ optimizer
+    def create_optimizer(self, model=None):
+        # The baseline head (seed 000) gets its own parameter group when `baseline_learning_rate` is set; it is
+        # created before the scheduler, which then schedules both groups alike.
+        optimizer = super().create_optimizer(model)
+        learning_rate = self.args.baseline_learning_rate
+        if learning_rate is None or any(group.get("name") == "baseline_head" for group in optimizer.param_groups):
+            return optimizer
+        opt_model = self.model if model is None else model
+        baseline_ids = {
+            id(parameter) for name, parameter in opt_model.named_parameters() if "baseline_head." in f".{name}"
+        }
+        if not baseline_ids:
+            raise ValueError(
+                f"baseline_learning_rate={learning_rate} is set but {type(opt_model).__name__} has no "
+                "`baseline_head`; unset it for this model."
+            )
+        baseline_parameters = []
+        for group in optimizer.param_groups:
+            baseline_parameters += [parameter for parameter in group["params"] if id(parameter) in baseline_ids]
+            group["params"] = [parameter for parameter in group["params"] if id(parameter) not in baseline_ids]
+        optimizer.add_param_group(
+            {"params": baseline_parameters, "lr": learning_rate, "weight_decay": 0.0, "name": "baseline_head"}
+        )
+        return optimizer
+
     # ------------------------------------------------------------------ loss and logging
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = self.objective.compute_loss(model, inputs)

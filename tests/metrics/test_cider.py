@@ -3,7 +3,6 @@
 import gzip
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +11,9 @@ from hypothesis import strategies as st
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 
+from metric_fixtures import load_fakecap
 from rlcaption.metrics.cider import CiderD, DocumentFrequencies, compute_cider_d
 from rlcaption.metrics.tokenization import normalize_caption
-
-FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
 
 
 class FixedDocumentFrequencyCiderScorer(CiderScorer):
@@ -55,13 +53,11 @@ def reference_fixed_df_scores(
 @pytest.fixture(scope="module")
 def fakecap():
     """The toolkit's example, tokenized with our PTB-equivalent tokenizer: (predictions, references)."""
-    ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
-    results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())
-    references: dict[int, list[str]] = {}
-    for annotation in ground_truth["annotations"]:
-        references.setdefault(annotation["image_id"], []).append(normalize_caption(annotation["caption"]))
-    predictions = {result["image_id"]: normalize_caption(result["caption"]) for result in results}
-    return predictions, references
+    predictions, references = load_fakecap()
+    return (
+        {key: normalize_caption(caption) for key, caption in predictions.items()},
+        {key: [normalize_caption(caption) for caption in captions] for key, captions in references.items()},
+    )
 
 
 def test_fakecap_reproduces_published_cider_and_pycocoevalcap(fakecap):

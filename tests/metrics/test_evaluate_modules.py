@@ -1,32 +1,25 @@
 """The `evaluate` metric modules: offline loading from the package, parity with evaluate_captions, composition."""
 
-import json
 import os
 import subprocess
 import sys
-from collections import defaultdict
-from pathlib import Path
 
 import evaluate
 import pytest
 
+from metric_fixtures import load_fakecap
 from rlcaption.metrics import evaluation
 from rlcaption.metrics.cider import DocumentFrequencies
 from rlcaption.metrics.evaluation import EVALUATE_MODULES, evaluate_captions, load_metric
 from rlcaption.metrics.tokenization import normalize_caption
 
-FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
-
 
 @pytest.fixture(scope="module")
 def fakecap_lists():
     """200 images of the COCO toolkit's example as `evaluate` takes them: (predictions, references) lists."""
-    ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
-    results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())[:200]
-    references = defaultdict(list)
-    for annotation in ground_truth["annotations"]:
-        references[annotation["image_id"]].append(annotation["caption"])
-    return [entry["caption"] for entry in results], [references[entry["image_id"]] for entry in results]
+    predictions, references = load_fakecap()
+    keys = list(predictions)[:200]
+    return [predictions[key] for key in keys], [references[key] for key in keys]
 
 
 def expected_scores(predictions, references, metrics, **kwargs):

@@ -1,16 +1,14 @@
 """evaluate_captions: COCO keys and published figures, metric selection, per-caption scores, Java errors, bad input."""
 
-import json
 import math
 import random
 import shutil
-from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metric_fixtures import load_fakecap
 from rlcaption.metrics import evaluation
 from rlcaption.metrics.bleu import compute_bleu
 from rlcaption.metrics.cider import DocumentFrequencies, compute_cider_d
@@ -18,7 +16,6 @@ from rlcaption.metrics.evaluation import evaluate_captions, resolve_metric_names
 from rlcaption.metrics.rouge import compute_rouge_l
 from rlcaption.metrics.tokenization import normalize_caption
 
-FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
 JAVA_FREE = ["bleu", "rouge_l", "cider"]
 requires_java = pytest.mark.skipif(shutil.which("java") is None, reason="needs `java` on PATH for METEOR/PTBTokenizer")
 
@@ -26,12 +23,7 @@ requires_java = pytest.mark.skipif(shutil.which("java") is None, reason="needs `
 @pytest.fixture(scope="module")
 def fakecap():
     """Raw (predictions, references) of the COCO toolkit's example, keyed by image id."""
-    ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
-    results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())
-    references = defaultdict(list)
-    for annotation in ground_truth["annotations"]:
-        references[annotation["image_id"]].append(annotation["caption"])
-    return {entry["image_id"]: entry["caption"] for entry in results}, dict(references)
+    return load_fakecap()
 
 
 def test_fakecap_reproduces_published_scores_under_coco_keys(fakecap):

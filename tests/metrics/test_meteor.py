@@ -1,11 +1,9 @@
-import json
 import threading
-from pathlib import Path
 
 import pytest
 
+from metric_fixtures import java_problem, load_fakecap
 from rlcaption.metrics import meteor as meteor_module
-from rlcaption.metrics.java import check_java
 from rlcaption.metrics.meteor import (
     MeteorScorer,
     compute_meteor,
@@ -14,20 +12,7 @@ from rlcaption.metrics.meteor import (
 )
 from rlcaption.metrics.tokenization import normalize_caption
 
-FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
-
-
-def _java_problem() -> str | None:
-    try:
-        check_java(8)
-    except RuntimeError as error:
-        return str(error)
-    return None
-
-
-requires_java = pytest.mark.skipif(
-    _java_problem() is not None, reason=f"METEOR 1.5 needs Java >= 8: {_java_problem()}"
-)
+requires_java = pytest.mark.skipif(java_problem() is not None, reason=f"METEOR 1.5 needs Java >= 8: {java_problem()}")
 
 # A few tokenized COCO-style captions (lower-cased, punctuation removed), with one reference list of varied size.
 PREDICTIONS = {
@@ -80,12 +65,9 @@ class TestMeteorAgainstPycocoevalcap:
         assert 0.2 < per_key[1] < 1.0
 
     def test_fakecap_reproduces_published_meteor_and_pycocoevalcap(self, reference_meteor):
-        ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
-        results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())
-        references: dict[int, list[str]] = {}
-        for annotation in ground_truth["annotations"]:
-            references.setdefault(annotation["image_id"], []).append(normalize_caption(annotation["caption"]))
-        predictions = {result["image_id"]: normalize_caption(result["caption"]) for result in results}
+        raw_predictions, raw_references = load_fakecap()
+        predictions = {key: normalize_caption(caption) for key, caption in raw_predictions.items()}
+        references = {key: [normalize_caption(c) for c in captions] for key, captions in raw_references.items()}
         corpus, per_key = compute_meteor(predictions, references)
         assert round(corpus, 3) == 0.195  # cocoEvalCapDemo.ipynb
         expected_corpus, expected_per_key = pycocoevalcap_meteor(reference_meteor, predictions, references)

@@ -1,18 +1,15 @@
 """ROUGE-L: parity with pycocoevalcap 1.2, the published fakecap figure, the bit-parallel LCS, properties."""
 
-import json
 import random
-from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metric_fixtures import load_fakecap
 from rlcaption.metrics.rouge import compute_rouge_l, longest_common_subsequence, rouge_l_score
 from rlcaption.metrics.tokenization import tokenize_corpus
 
-FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
 pycocoevalcap_rouge = pytest.importorskip("pycocoevalcap.rouge.rouge")
 
 WORDS = st.sampled_from("a an the cat dog sits on mat red big two runs".split())
@@ -22,13 +19,9 @@ CAPTIONS = st.lists(WORDS, min_size=1, max_size=12).map(" ".join)
 @pytest.fixture(scope="module")
 def fakecap():
     """Tokenized (predictions, references) of the COCO toolkit's example, keyed by image id."""
-    ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
-    results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())
-    references = defaultdict(list)
-    for annotation in ground_truth["annotations"]:
-        references[annotation["image_id"]].append(annotation["caption"])
-    predictions = tokenize_corpus({entry["image_id"]: [entry["caption"]] for entry in results})
-    return {key: captions[0] for key, captions in predictions.items()}, tokenize_corpus(references)
+    predictions, references = load_fakecap()
+    tokenized = tokenize_corpus({key: [caption] for key, caption in predictions.items()})
+    return {key: captions[0] for key, captions in tokenized.items()}, tokenize_corpus(references)
 
 
 def reference_rouge(predictions, references):

@@ -1,8 +1,5 @@
 """Metric rewards: per-caption values equal to the metric modules and to pycocoevalcap, bad input, SPIDEr."""
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -10,33 +7,19 @@ from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 
+from metric_fixtures import java_problem, load_fakecap
 from rlcaption.metrics import spice
 from rlcaption.metrics.cider import DocumentFrequencies, compute_cider_d
-from rlcaption.metrics.java import check_java
 from rlcaption.metrics.tokenization import normalize_caption
 from rlcaption.rewards import CiderReward, SpiderReward, get_reward
-
-FAKECAP = Path(__file__).parent.parent / "fixtures" / "fakecap"
-
-
-def _java_problem() -> str | None:
-    try:
-        check_java(8)
-    except RuntimeError as error:
-        return str(error)
-    return None
 
 
 @pytest.fixture(scope="module")
 def fakecap_rows():
     """(completions, references, image_ids) of the toolkit's example, raw (untokenized) captions."""
-    ground_truth = json.loads((FAKECAP / "captions_val2014_fakecap_gt_subset.json").read_text())
-    results = json.loads((FAKECAP / "captions_val2014_fakecap_results.json").read_text())
-    references: dict[int, list[str]] = {}
-    for annotation in ground_truth["annotations"]:
-        references.setdefault(annotation["image_id"], []).append(annotation["caption"])
-    image_ids = [result["image_id"] for result in results]
-    return [result["caption"] for result in results], [references[i] for i in image_ids], image_ids
+    predictions, references = load_fakecap()
+    image_ids = list(predictions)
+    return list(predictions.values()), [references[i] for i in image_ids], image_ids
 
 
 def tokenized(completions, references):
@@ -161,7 +144,7 @@ def test_spider_raises_the_spice_error_instead_of_substituting(monkeypatch):
 
 @pytest.mark.slow  # starts a METEOR JVM (5-20 s)
 @pytest.mark.java
-@pytest.mark.skipif(_java_problem() is not None, reason=f"METEOR 1.5 needs Java >= 8: {_java_problem()}")
+@pytest.mark.skipif(java_problem() is not None, reason=f"METEOR 1.5 needs Java >= 8: {java_problem()}")
 def test_meteor_reward_equals_compute_meteor(fakecap_rows):
     from rlcaption.metrics.meteor import compute_meteor
 

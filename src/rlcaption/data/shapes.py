@@ -4,12 +4,14 @@ Every image shows one to three coloured geometric shapes on a white background. 
 a size and a cell of a 3x3 grid; objects live in distinct cells and stay inside them, so they never overlap. Each
 image comes with five reference captions of varied detail:
 
-- generic captions that fit many images ("two shapes on a white background", "some colorful shapes");
+- generic captions that fit many images ("two shapes on a white background", "a picture of some colorful forms");
 - mid-level captions naming colours and shapes ("a red circle and a blue square");
 - specific captions adding sizes and a spatial relation ("a small red circle left of a large blue square").
 
-With two generic references per image, teacher forcing (XE) learns a generic, COCO-like caption; distinctiveness
-rewards (CIDEr-D's TF-IDF weighting, CLIP retrieval) then have something to fix. Scenes come in families of
+Two references per image are generic, as in COCO, but each is composed from interchangeable parts (quantity,
+adjective, noun, background, frame), so no generic sentence is shared by many images: copying one is not the
+CIDEr-optimal caption, and a captioner that names the objects scores higher than one that does not
+(`benchmarks/reference_specificity.py` measures it). Scenes come in families of
 near-duplicates (one colour, shape, size or position changed) so that retrieval is hard and distinctiveness pays.
 Scenes are unique across the whole dataset (train, validation and test never share a scene) and a family never
 crosses splits.
@@ -43,6 +45,7 @@ __all__ = [
     "describe_scene",
     "generate_split_scenes",
     "load_shapes",
+    "most_specific_reference",
     "render_scene",
     "save_dataset_atomically",
     "shapes_cache_path",
@@ -50,7 +53,7 @@ __all__ = [
 ]
 
 # Bump whenever generation, rendering or captions change: it is part of the cache key, so stale caches are ignored.
-SHAPES_FORMAT_VERSION = 2
+SHAPES_FORMAT_VERSION = 3
 
 SHAPES = ("circle", "square", "triangle", "star", "diamond", "hexagon")
 # Clearly distinct hues on white; RGB values chosen so that even 5-pixel shapes keep their colour after resizing.
@@ -246,25 +249,25 @@ _LOCATION_WORDS = {
     (2, 2): ("in the bottom right corner", "at the bottom right"),
 }
 _COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
-_NOUNS = ("shapes", "shapes", "objects", "figures")
-# Weighted so that one generic caption dominates, as "a man riding a wave on a surfboard" dominates in COCO.
-_GENERIC_TEMPLATES = {
-    1: (
-        ("a single shape on a white background", 3),
-        ("one shape on a white background", 1),
-        ("a colorful shape on a plain background", 1),
-        ("a simple drawing of a single shape", 1),
-        ("a geometric shape on a white background", 1),
-    ),
-    "many": (
-        ("{count} shapes on a white background", 3),
-        ("some colorful shapes", 1),
-        ("a few {noun} on a white background", 1),
-        ("{count} geometric {noun} on a plain background", 1),
-        ("a simple drawing of {count} {noun}", 1),
-        ("a white background with some {noun}", 1),
-    ),
+# Generic references are composed from interchangeable parts, so that each wording is rare: if one generic sentence
+# covered a large share of the images, copying it whole would be the CIDEr-optimal caption (a copied reference has
+# cosine 1 with itself whatever its n-grams' rarity) and RL would teach a captioner to stop looking.
+_GENERIC_QUANTITIES = {
+    1: ("a single", "one", "a lone", "just one"),
+    2: ("two", "a couple of", "some", "a pair of"),
+    3: ("three", "a few", "some", "a group of three"),
 }
+_GENERIC_ADJECTIVES = ("", "colorful", "geometric", "simple", "flat")
+_GENERIC_NOUNS = ("shape", "object", "figure", "form")
+_GENERIC_PLACES = (
+    "on a white background",
+    "on a plain background",
+    "on a blank background",
+    "against a white backdrop",
+    "on white paper",
+    "on a white canvas",
+)
+_GENERIC_FRAMES = ("{}", "{}", "a picture of {}", "a drawing of {}", "an image of {}")
 _NUM_GENERIC_CAPTIONS = 2
 
 
@@ -280,9 +283,14 @@ def _noun_phrase(obj: SceneObject, rng: random.Random, with_size: bool) -> str:
 
 
 def _generic_caption(scene: tuple[SceneObject, ...], rng: random.Random) -> str:
-    templates = _GENERIC_TEMPLATES[1] if len(scene) == 1 else _GENERIC_TEMPLATES["many"]
-    template = rng.choices([text for text, _ in templates], weights=[weight for _, weight in templates])[0]
-    return template.format(count=_COUNT_WORDS[len(scene)], noun=rng.choice(_NOUNS))
+    """A caption that fits every scene with this many objects: quantity, noun and background, no attribute."""
+    quantity = rng.choice(_GENERIC_QUANTITIES[len(scene)])
+    adjective = rng.choice(_GENERIC_ADJECTIVES)
+    noun = rng.choice(_GENERIC_NOUNS) + ("s" if len(scene) > 1 else "")
+    phrase = " ".join(word for word in (quantity, adjective, noun) if word)
+    if rng.random() < 0.8:  # the background is usually, not always, mentioned
+        phrase += " " + rng.choice(_GENERIC_PLACES)
+    return rng.choice(_GENERIC_FRAMES).format(phrase)
 
 
 def _mid_level_caption(scene: tuple[SceneObject, ...], rng: random.Random) -> str:
@@ -340,6 +348,28 @@ def describe_scene(scene: tuple[SceneObject, ...], rng: random.Random) -> list[s
         captions.append(caption)
     rng.shuffle(captions)
     return captions
+
+
+def _attribute_words() -> frozenset[str]:
+    words = set(SHAPES)
+    for phrases in (*_COLOR_WORDS.values(), *_SIZE_WORDS.values(), *_RELATION_WORDS.values()):
+        words.update(word for phrase in phrases for word in phrase.split())
+    for phrases in _LOCATION_WORDS.values():
+        words.update(word for phrase in phrases for word in phrase.split() if word not in {"in", "the", "at", "on"})
+    return frozenset(words - {"of", "to", "the", "on"})
+
+
+_ATTRIBUTE_WORDS = _attribute_words()
+
+
+def most_specific_reference(captions: list[str]) -> str:
+    """The reference that states the most about its scene: most colour, shape, size and position words, then longest.
+
+    This is the query of the retrieval benchmarks (each image's most specific reference, ranked among all images).
+    """
+    if not captions:
+        raise ValueError("most_specific_reference needs at least one caption.")
+    return max(captions, key=lambda caption: (sum(word in _ATTRIBUTE_WORDS for word in caption.split()), len(caption)))
 
 
 # ----------------------------------------------------------------------------------------------------------------

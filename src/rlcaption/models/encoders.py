@@ -1,6 +1,8 @@
 """Image encoders shared by the captioning models.
 
-Every encoder maps one batch of images to one feature vector per image, `(batch_size, output_size)`:
+Every encoder maps one batch of images to one feature vector per image, `(batch_size, output_size)`; the image
+encoders can also return the spatial grid of features that vector came from (`forward_with_grid`), which attention
+decoders read at every step:
 
 - [`ConvImageEncoder`]: a small convolutional network trained from scratch, sized for the synthetic shapes data
   (64x64 images). It keeps the spatial layout (the last feature map is flattened, not pooled) because captions
@@ -66,16 +68,26 @@ class ConvImageEncoder(nn.Module):
         self.image_size = image_size
         final_side = image_size // 2 ** len(channels)
         self.output_size = in_channels * final_side * final_side
+        self.grid_feature_size = in_channels
+        self.num_grid_positions = final_side * final_side
 
-    def forward(self, pixel_values: torch.FloatTensor) -> torch.FloatTensor:
-        """`pixel_values` `(batch_size, num_channels, image_size, image_size)` -> `(batch_size, output_size)`."""
+    def _feature_map(self, pixel_values: torch.FloatTensor) -> torch.FloatTensor:
         if pixel_values.shape[-2:] != (self.image_size, self.image_size):
             raise ValueError(
                 f"The CNN encoder was built for {self.image_size}x{self.image_size} images but got pixel_values of "
                 f"shape {tuple(pixel_values.shape)}; resize the images with the model's processor "
                 "(CaptionProcessor with the same image_size)."
             )
-        return self.blocks(pixel_values).flatten(1)  # (B, C * S * S)
+        return self.blocks(pixel_values)  # (B, C, S, S)
+
+    def forward(self, pixel_values: torch.FloatTensor) -> torch.FloatTensor:
+        """`pixel_values` `(batch_size, num_channels, image_size, image_size)` -> `(batch_size, output_size)`."""
+        return self._feature_map(pixel_values).flatten(1)  # (B, C * S * S)
+
+    def forward_with_grid(self, pixel_values: torch.FloatTensor) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """The flattened features `(batch_size, output_size)` and the same map as a grid `(batch_size, S * S, C)`."""
+        feature_map = self._feature_map(pixel_values)
+        return feature_map.flatten(1), feature_map.flatten(2).transpose(1, 2)
 
 
 def _backbone_output_size(backbone_config) -> int:
@@ -104,6 +116,8 @@ class BackboneImageEncoder(nn.Module):
         model_type = config_kwargs.pop("model_type")
         self.backbone = AutoModel.from_config(AutoConfig.for_model(model_type, **config_kwargs))
         self.output_size = _backbone_output_size(self.backbone.config)
+        self.grid_feature_size = self.output_size
+        self.num_grid_positions = None  # the backbone's own position embeddings locate its tokens
         self.freeze = freeze
         if freeze:
             self.backbone.requires_grad_(False)
@@ -122,14 +136,20 @@ class BackboneImageEncoder(nn.Module):
 
     def forward(self, pixel_values: torch.FloatTensor) -> torch.FloatTensor:
         """`pixel_values` `(batch_size, 3, H, W)` -> `(batch_size, output_size)`."""
+        return self.forward_with_grid(pixel_values)[0]
+
+    def forward_with_grid(self, pixel_values: torch.FloatTensor) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """The pooled feature `(batch_size, output_size)` and the backbone's tokens or feature map as a grid
+        `(batch_size, num_positions, output_size)`."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze):
             outputs = self.backbone(pixel_values=pixel_values)
+        hidden = outputs.last_hidden_state
+        # (B, N, D) token sequences or (B, D, H, W) feature maps
+        grid = hidden if hidden.dim() == 3 else hidden.flatten(2).transpose(1, 2)
         pooled = getattr(outputs, "pooler_output", None)
         if pooled is None:
-            hidden = outputs.last_hidden_state
-            # (B, N, D) token sequences or (B, D, H, W) feature maps: average over positions
-            pooled = hidden.mean(dim=1) if hidden.dim() == 3 else hidden.mean(dim=(2, 3))
-        return pooled.flatten(1)  # ResNet-style pooler outputs are (B, D, 1, 1)
+            pooled = grid.mean(dim=1)
+        return pooled.flatten(1), grid  # ResNet-style pooler outputs are (B, D, 1, 1)
 
 
 class PrecomputedFeatureEncoder(nn.Module):

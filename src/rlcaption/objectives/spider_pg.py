@@ -32,7 +32,6 @@ import torch
 from torch import nn
 
 from ..decoding import caption_token_mask, image_inputs_of, repeat_image_inputs
-from ..models.show_tell_rl.modeling_show_tell_rl import ShowTellRLState
 from .base import CaptionObjective, register_objective
 from .scst import policy_gradient_loss
 
@@ -167,13 +166,9 @@ def sample_rollouts(
 
     with _evaluation_mode(model):
         # 1. LSTM state after every prefix of the sampled captions: (L, N, T+1, H) each
-        hidden, cell = model.prefix_states(sequences, **image_inputs)
+        prefix_states = model.prefix_states(sequences, **image_inputs)
         # 2. each rollout row starts from the state after <bos> g_{1:t-1} and reads g_t, whose logits give token t+1
-        state_position = prefix_length - 1
-        state = ShowTellRLState(
-            hidden[:, caption_index, state_position].contiguous(),  # (L, R, H)
-            cell[:, caption_index, state_position].contiguous(),
-        )
+        state = prefix_states.state_after(caption_index, prefix_length)
         tokens = sequences[caption_index, prefix_length]  # (R,) g_t
         completed = _prefix_sequences(sequences, caption_index, prefix_length, max_length + 1, pad_token_id)
         budget = max_length - prefix_length  # (R,) tokens each row may still add, >= 1
@@ -188,7 +183,7 @@ def sample_rollouts(
                 break
             if not bool(alive.all()):
                 active, tokens = active[alive], tokens[alive]
-                state = ShowTellRLState(state.hidden[:, alive], state.cell[:, alive], state.seq_length)
+                state = state.select(alive)
     return Rollouts(completed, caption_index, prefix_length)
 
 

@@ -12,6 +12,8 @@ import rlcaption.models.auto  # noqa: F401  (registers the Auto classes)
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig, ShowTellRLState
 
 PAD, BOS, EOS = 0, 1, 2
+# the recurrent-state contract (caching, beams, prefixes) must hold for Show and Tell and for Show, Attend and Tell
+WITH_AND_WITHOUT_ATTENTION = pytest.mark.parametrize("image_attention", [False, True], ids=["show-tell", "attention"])
 
 
 def tiny_config(**overrides) -> ShowTellRLConfig:
@@ -108,8 +110,9 @@ def test_output_shapes_and_loss_matches_manual_cross_entropy():
     torch.testing.assert_close(out.loss, torch.stack(terms).mean())
 
 
-def test_loss_backward_reaches_every_parameter_except_baseline():
-    model = tiny_model(num_layers=2)
+@WITH_AND_WITHOUT_ATTENTION
+def test_loss_backward_reaches_every_parameter_except_baseline(image_attention):
+    model = tiny_model(num_layers=2, image_attention=image_attention)
     model.train()
     ids = random_captions(4, 5)
     model(ids, pixel_values=random_pixels(4), labels=ids).loss.backward()
@@ -120,8 +123,9 @@ def test_loss_backward_reaches_every_parameter_except_baseline():
             assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
 
 
-def test_full_forward_equals_prefix_then_cached_steps():
-    model = tiny_model(num_layers=2)
+@WITH_AND_WITHOUT_ATTENTION
+def test_full_forward_equals_prefix_then_cached_steps(image_attention):
+    model = tiny_model(num_layers=2, image_attention=image_attention)
     ids, pixels = random_captions(3, 7), random_pixels(3)
     full = model(ids, pixel_values=pixels)
     prefix = model(ids[:, :3], pixel_values=pixels)
@@ -188,6 +192,18 @@ def test_transformers_backbone_encoder_frozen():
     assert not model.image_encoder.backbone.training  # frozen: stays in eval mode
 
 
+def test_backbone_tokens_are_the_attention_grid():
+    backbone_config = dict(
+        model_type="vit", image_size=16, patch_size=8, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32,
+    )  # fmt: skip
+    model = tiny_model(encoder_type="backbone", backbone_config=backbone_config, image_attention=True)
+    state = model.initial_state(random_pixels(2))
+    assert state.image_grid.shape == (2, 5, 32)  # [CLS] + 2x2 patches, projected to hidden_size
+    generated = model.generate(pixel_values=random_pixels(2), num_beams=2, max_length=6)
+    assert (generated[:, 0] == BOS).all()
+
+
 def test_backbone_loaded_from_a_pretrained_folder(tmp_path):
     from transformers import ViTConfig, ViTModel
 
@@ -204,8 +220,9 @@ def test_backbone_loaded_from_a_pretrained_folder(tmp_path):
 # ------------------------------------------------------------------ RL interface
 
 
-def test_caption_log_probs_agree_with_forward_logits():
-    model = tiny_model()
+@WITH_AND_WITHOUT_ATTENTION
+def test_caption_log_probs_agree_with_forward_logits(image_attention):
+    model = tiny_model(image_attention=image_attention)
     ids, pixels = random_captions(3, 6), random_pixels(3)
     ids[2, 4:] = PAD
     log_probs = model.caption_log_probs(ids, pixel_values=pixels)
@@ -216,22 +233,44 @@ def test_caption_log_probs_agree_with_forward_logits():
         assert log_probs[b, t].item() == pytest.approx(expected, abs=1e-5)
 
 
-def test_prefix_states_agree_with_step_by_step():
-    model = tiny_model(num_layers=2)
+@WITH_AND_WITHOUT_ATTENTION
+def test_prefix_states_agree_with_step_by_step(image_attention):
+    model = tiny_model(num_layers=2, image_attention=image_attention)
     ids, pixels = random_captions(2, 5), random_pixels(2)
-    hidden, cell = model.prefix_states(ids, pixel_values=pixels)
+    prefix_states = model.prefix_states(ids, pixel_values=pixels)
+    hidden, cell = prefix_states.hidden, prefix_states.cell
     assert hidden.shape == cell.shape == (2, 2, 5, 32)
     state = model.initial_state(pixels)
+    outputs = model(ids, pixel_values=pixels, output_hidden_states=True).hidden_states
     for t in range(5):
         logits, top_hidden, state = model.step(ids[:, t], state)
         torch.testing.assert_close(hidden[:, :, t], state.hidden)
         torch.testing.assert_close(cell[:, :, t], state.cell)
-        torch.testing.assert_close(top_hidden, hidden[-1, :, t])
-    # continuing from a prefix state gives the forward's next-token logits
+        torch.testing.assert_close(top_hidden, outputs[:, t])
+    # continuing from a prefix state gives the forward's next-token logits, also for rows picked out of order
     full_logits = model(ids, pixel_values=pixels).logits
-    resumed = ShowTellRLState(hidden[:, :, 2].contiguous(), cell[:, :, 2].contiguous(), 3)
-    logits, _, _ = model.step(ids[:, 3], resumed)
-    torch.testing.assert_close(logits, full_logits[:, 3])
+    resumed = prefix_states.state_after(torch.tensor([1, 0]), torch.tensor([3, 3]))
+    logits, _, _ = model.step(ids[[1, 0], 3], resumed)
+    torch.testing.assert_close(logits, full_logits[[1, 0], 3])
+
+
+def test_attention_reads_the_image_at_every_step():
+    # with attention, changing the image changes late-step logits even with the image-embedding path held equal
+    model = tiny_model(image_attention=True)
+    ids, pixels = random_captions(2, 6), random_pixels(2)
+    state = model.initial_state(pixels)
+    other = model.initial_state(random_pixels(2, seed=9))
+    swapped = ShowTellRLState(state.hidden, state.cell, 0, other.image_grid)
+    logits, _, _ = model.step(ids[:, 0], state)
+    swapped_logits, _, _ = model.step(ids[:, 0], swapped)
+    assert not torch.allclose(logits, swapped_logits)
+    with pytest.raises(ValueError, match="grid"):
+        model.step(ids[:, 0], ShowTellRLState(state.hidden, state.cell, 0))
+
+
+def test_attention_is_refused_for_precomputed_features():
+    with pytest.raises(ValueError, match="feature grid"):
+        tiny_config(encoder_type="features", image_feature_size=12, image_attention=True)
 
 
 def test_baseline_values_send_no_gradient_into_the_lstm():
@@ -248,8 +287,9 @@ def test_baseline_values_send_no_gradient_into_the_lstm():
 # ------------------------------------------------------------------ generate
 
 
-def test_greedy_generate_equals_hand_written_greedy_loop():
-    model = tiny_model()
+@WITH_AND_WITHOUT_ATTENTION
+def test_greedy_generate_equals_hand_written_greedy_loop(image_attention):
+    model = tiny_model(image_attention=image_attention)
     pixels = random_pixels(4)
     generated = model.generate(pixel_values=pixels, max_length=8)
     assert (generated[:, 0] == BOS).all()
@@ -273,9 +313,10 @@ def test_beam_search_with_one_beam_is_greedy():
     )
 
 
-def test_beam_search_finds_the_brute_force_best_caption():
+@WITH_AND_WITHOUT_ATTENTION
+def test_beam_search_finds_the_brute_force_best_caption(image_attention):
     # vocabulary of 5 (3 special + 2 words), length <= 4: every caption can be enumerated
-    model = tiny_model(vocab_size=5, seed=3)
+    model = tiny_model(vocab_size=5, seed=3, image_attention=image_attention)
     pixels = random_pixels(2)
     max_length = 4
     out = model.generate(
@@ -296,8 +337,9 @@ def test_beam_search_finds_the_brute_force_best_caption():
         assert out.sequences_scores[b].item() == pytest.approx(scored[best], abs=1e-4)
 
 
-def test_beam_search_returned_scores_equal_recomputed_log_probs():
-    model = tiny_model(seed=4)
+@WITH_AND_WITHOUT_ATTENTION
+def test_beam_search_returned_scores_equal_recomputed_log_probs(image_attention):
+    model = tiny_model(seed=4, image_attention=image_attention)
     pixels = random_pixels(2)
     out = model.generate(
         pixel_values=pixels, num_beams=4, num_return_sequences=3, max_length=8, length_penalty=0.0,
@@ -313,8 +355,9 @@ def test_beam_search_returned_scores_equal_recomputed_log_probs():
     assert (scores[:, :-1] >= scores[:, 1:]).all()
 
 
-def test_sampling_is_reproducible_and_num_return_sequences_shapes():
-    model = tiny_model()
+@WITH_AND_WITHOUT_ATTENTION
+def test_sampling_is_reproducible_and_num_return_sequences_shapes(image_attention):
+    model = tiny_model(image_attention=image_attention)
     pixels = random_pixels(2)
     kwargs = dict(pixel_values=pixels, do_sample=True, top_k=10, top_p=0.9, temperature=0.8, max_length=8)
     torch.manual_seed(0)
@@ -332,8 +375,9 @@ def test_sampling_is_reproducible_and_num_return_sequences_shapes():
 # ------------------------------------------------------------------ saving and loading
 
 
-def test_save_load_round_trip_gives_identical_outputs(tmp_path):
-    model = tiny_model()
+@WITH_AND_WITHOUT_ATTENTION
+def test_save_load_round_trip_gives_identical_outputs(tmp_path, image_attention):
+    model = tiny_model(image_attention=image_attention)
     model.save_pretrained(tmp_path)
     reloaded = ShowTellRL.from_pretrained(tmp_path).eval()
     by_auto = AutoModel.from_pretrained(tmp_path).eval()

@@ -11,7 +11,8 @@ _ENCODER_TYPES = ("cnn", "backbone", "features")
 
 class ShowTellRLConfig(PretrainedConfig):
     r"""
-    Configuration of [`ShowTellRL`]: image encoder -> linear -> first LSTM input, then an LSTM over the words.
+    Configuration of [`ShowTellRL`]: image encoder -> linear -> first LSTM input, then an LSTM over the words; with
+    `image_attention`, every word is also predicted from a soft attention over the encoder's feature grid.
 
     Args:
         vocab_size (`int`, *optional*, defaults to 1000):
@@ -46,6 +47,11 @@ class ShowTellRLConfig(PretrainedConfig):
             Keep the backbone's weights fixed.
         image_feature_size (`int`, *optional*):
             Width of precomputed `image_features` (`"features"` encoder).
+        image_attention (`bool`, *optional*, defaults to `False`):
+            Attend over the image encoder's feature grid at every step (Show, Attend and Tell; Xu et al. 2015): the
+            LSTM output queries the grid cells (with learned position embeddings for the `"cnn"` encoder) and the
+            word is predicted from both. Without it the image is read once, before `<bos>` (Show and Tell), which is
+            too little to bind each colour to its shape. Not available with precomputed `"features"` (one vector).
         baseline_hidden_size (`int`, *optional*, defaults to 512):
             Hidden width of the MLP baseline on the LSTM state (seed 000, trained with `spider_pg`).
         max_caption_length (`int`, *optional*, defaults to 20):
@@ -83,6 +89,7 @@ class ShowTellRLConfig(PretrainedConfig):
         use_pretrained_backbone: bool | None = None,
         freeze_backbone: bool = True,
         image_feature_size: int | None = None,
+        image_attention: bool = False,
         baseline_hidden_size: int = 512,
         max_caption_length: int = 20,
         initializer_range: float = 0.02,
@@ -111,6 +118,7 @@ class ShowTellRLConfig(PretrainedConfig):
         )
         self.freeze_backbone = freeze_backbone
         self.image_feature_size = image_feature_size
+        self.image_attention = image_attention
         self.baseline_hidden_size = baseline_hidden_size
         self.max_caption_length = max_caption_length
         self.initializer_range = initializer_range
@@ -164,6 +172,12 @@ class ShowTellRLConfig(PretrainedConfig):
                 )
             if self.use_pretrained_backbone and self.backbone is None:
                 raise ValueError("use_pretrained_backbone=True needs `backbone` (the hub id or folder to load).")
+        elif self.image_attention:
+            raise ValueError(
+                "image_attention=True needs a feature grid, which precomputed image features "
+                "(encoder_type='features') do not have; use encoder_type='cnn' or 'backbone', or set "
+                "image_attention=False."
+            )
         elif not isinstance(self.image_feature_size, int) or self.image_feature_size < 1:
             raise ValueError(
                 "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "

@@ -1,10 +1,11 @@
 """ShowTellRL: the Show-and-Tell captioner of seed 000 (Liu et al. 2017) as a `transformers` model.
 
 image -> encoder -> linear -> first LSTM input (the image is fed once, before `<bos>`); then the LSTM reads the words;
-dropout; linear to the vocabulary. Generation (`model.generate`) runs on a recurrent state object
-([`ShowTellRLState`]) instead of a key/value cache. The methods used by the RL objectives (log-probabilities of given
-captions, stepping the LSTM, the state after every prefix for Monte-Carlo rollouts, the MLP baseline) are plain
-methods with documented shapes.
+dropout; linear to the vocabulary. With `config.image_attention`, each LSTM output also attends over the encoder's
+feature grid and the word is predicted from both (Show, Attend and Tell). Generation (`model.generate`) runs on a
+recurrent state object ([`ShowTellRLState`]) instead of a key/value cache. The methods used by the RL objectives
+(log-probabilities of given captions, stepping the LSTM, the state after every prefix for Monte-Carlo rollouts, the
+MLP baseline) are plain methods with documented shapes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder
 
 from .configuration_show_tell_rl import ShowTellRLConfig
 
-__all__ = ["ShowTellRL", "ShowTellRLOutput", "ShowTellRLPreTrainedModel", "ShowTellRLState"]
+__all__ = ["ShowTellRL", "ShowTellRLOutput", "ShowTellRLPreTrainedModel", "ShowTellRLPrefixStates", "ShowTellRLState"]
 
 
 class ShowTellRLState:
@@ -37,16 +38,25 @@ class ShowTellRLState:
         hidden (`torch.FloatTensor` of shape `(num_layers, batch_size, hidden_size)`): LSTM hidden state.
         cell (`torch.FloatTensor` of shape `(num_layers, batch_size, hidden_size)`): LSTM cell state.
         seq_length (`int`): number of word tokens read so far (the image step is not counted).
+        image_grid (`torch.FloatTensor` of shape `(batch_size, num_positions, hidden_size)`, *optional*): the
+            projected feature grid each caption attends over (`config.image_attention`), one copy per caption row.
     """
 
     # `generate` asks these of any cache; a recurrent state has a fixed size and nothing to compile or crop
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, hidden: torch.FloatTensor, cell: torch.FloatTensor, seq_length: int = 0):
+    def __init__(
+        self,
+        hidden: torch.FloatTensor,
+        cell: torch.FloatTensor,
+        seq_length: int = 0,
+        image_grid: torch.FloatTensor | None = None,
+    ):
         self.hidden = hidden
         self.cell = cell
         self.seq_length = seq_length
+        self.image_grid = image_grid
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of word tokens read so far."""
@@ -57,11 +67,47 @@ class ShowTellRLState:
         beam_idx = beam_idx.to(self.hidden.device)
         self.hidden = self.hidden.index_select(1, beam_idx)
         self.cell = self.cell.index_select(1, beam_idx)
+        if self.image_grid is not None:
+            self.image_grid = self.image_grid.index_select(0, beam_idx)
+
+    def select(self, rows: torch.Tensor) -> ShowTellRLState:
+        """A new state holding the captions `rows` (a boolean mask or indices over the batch), in that order."""
+        image_grid = None if self.image_grid is None else self.image_grid[rows]
+        return ShowTellRLState(self.hidden[:, rows], self.cell[:, rows], self.seq_length, image_grid)
 
     def repeat_interleave(self, repeats: int) -> ShowTellRLState:
         """A new state with every caption's state repeated `repeats` times (e.g. K rollouts from each prefix)."""
+        image_grid = None if self.image_grid is None else self.image_grid.repeat_interleave(repeats, dim=0)
         return ShowTellRLState(
-            self.hidden.repeat_interleave(repeats, dim=1), self.cell.repeat_interleave(repeats, dim=1), self.seq_length
+            self.hidden.repeat_interleave(repeats, dim=1),
+            self.cell.repeat_interleave(repeats, dim=1),
+            self.seq_length,
+            image_grid,
+        )
+
+
+@dataclass
+class ShowTellRLPrefixStates:
+    """The recurrent state after every prefix of a batch of captions (see [`ShowTellRL.prefix_states`]).
+
+    Args:
+        hidden (`torch.FloatTensor` of shape `(num_layers, batch_size, T, hidden_size)`): index `[:, :, t]` is the
+            hidden state after reading the first `t + 1` tokens.
+        cell (`torch.FloatTensor` of shape `(num_layers, batch_size, T, hidden_size)`): the cell states, alike.
+        image_grid (`torch.FloatTensor` of shape `(batch_size, num_positions, hidden_size)`, *optional*): each
+            caption's projected feature grid (`config.image_attention`).
+    """
+
+    hidden: torch.FloatTensor
+    cell: torch.FloatTensor
+    image_grid: torch.FloatTensor | None = None
+
+    def state_after(self, captions: torch.LongTensor, num_tokens: torch.LongTensor) -> ShowTellRLState:
+        """The states of caption rows `captions` `(R,)` after their first `num_tokens` `(R,)` tokens, as one batch."""
+        return ShowTellRLState(
+            self.hidden[:, captions, num_tokens - 1].contiguous(),  # (L, R, H)
+            self.cell[:, captions, num_tokens - 1].contiguous(),
+            image_grid=None if self.image_grid is None else self.image_grid[captions],
         )
 
 
@@ -78,7 +124,8 @@ class ShowTellRLOutput(ModelOutput):
             LSTM state after the last input token, to continue decoding from.
         hidden_states (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*,
         returned when `output_hidden_states=True`):
-            Top-layer LSTM output for each input token (the input of the baseline head).
+            Top-layer LSTM output for each input token, combined with its attention read-out of the image grid when
+            `config.image_attention` (the input of the vocabulary projection and of the baseline head).
         baseline_values (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*, returned when
         `output_baseline_values=True`):
             Seed 000 baseline `B_phi` after each input token, from the detached hidden states (see
@@ -133,6 +180,17 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         # A bounded-scale image input: without it, XE training inflates the embedding's image-independent part until
         # the LSTM gates saturate and every image yields the same state (the captioner then ignores the image).
         self.image_norm = nn.LayerNorm(config.word_embedding_size)
+        if config.image_attention:
+            # Show, Attend and Tell: the grid cells are keys and values, the LSTM output is the query
+            self.grid_projection = nn.Linear(self.image_encoder.grid_feature_size, config.hidden_size)
+            self.grid_norm = nn.LayerNorm(config.hidden_size)  # bounded scale, as for the image embedding
+            num_positions = self.image_encoder.num_grid_positions
+            # a CNN's cells carry no position of their own; "left of" and "above" need it
+            self.grid_position_embeddings = (
+                nn.Embedding(num_positions, config.hidden_size) if num_positions is not None else None
+            )
+            self.attention_query = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+            self.attention_output = nn.Linear(2 * config.hidden_size, config.hidden_size)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.word_embedding_size)
         self.lstm = nn.LSTM(
             config.word_embedding_size,
@@ -180,8 +238,8 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
     # ---------------------------------------------------------------- image side
     def encode_images(
         self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
-    ) -> torch.FloatTensor:
-        """Image embedding fed to the LSTM before `<bos>`.
+    ) -> torch.FloatTensor | tuple[torch.FloatTensor, torch.FloatTensor]:
+        """Image embedding fed to the LSTM before `<bos>` (and, with `config.image_attention`, the grid it attends to).
 
         Args:
             pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`): for the `"cnn"`
@@ -189,7 +247,8 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`): for `"features"`.
 
         Returns:
-            `torch.FloatTensor` of shape `(batch_size, word_embedding_size)`.
+            `torch.FloatTensor` of shape `(batch_size, word_embedding_size)`; with `config.image_attention`, also the
+            projected grid `(batch_size, num_positions, hidden_size)`.
         """
         if self.config.encoder_type == "features":
             if image_features is None:
@@ -203,6 +262,12 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                     f"This model encodes images itself (encoder_type={self.config.encoder_type!r}): pass pixel_values "
                     "(from CaptionProcessor)."
                 )
+            if self.config.image_attention:
+                encoded, grid = self.image_encoder.forward_with_grid(pixel_values.to(self.dtype))
+                grid = self.grid_projection(grid)  # (B, N, H)
+                if self.grid_position_embeddings is not None:
+                    grid = grid + self.grid_position_embeddings.weight
+                return self.image_norm(self.image_projection(encoded)), self.grid_norm(grid)
             encoded = self.image_encoder(pixel_values.to(self.dtype))
         return self.image_norm(self.image_projection(encoded))
 
@@ -210,10 +275,13 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
     ) -> ShowTellRLState:
         """LSTM state after reading the image embedding (before `<bos>`), from a zero state."""
+        image_grid = None
         image_embeddings = self.encode_images(pixel_values, image_features)  # (B, W)
+        if self.config.image_attention:
+            image_embeddings, image_grid = image_embeddings
         zeros = image_embeddings.new_zeros(self.config.num_layers, image_embeddings.shape[0], self.config.hidden_size)
         _, (hidden, cell) = self.lstm(image_embeddings[:, None, :], (zeros, zeros))
-        return ShowTellRLState(hidden, cell, seq_length=0)
+        return ShowTellRLState(hidden, cell, seq_length=0, image_grid=image_grid)
 
     # ---------------------------------------------------------------- LSTM over words
     def _run_lstm_stepwise(
@@ -266,6 +334,20 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             return outputs, (hidden, cell)
         hiddens, cells = self._run_lstm_stepwise(inputs, state, step_mask)  # left padding or holes
         return hiddens[-1], (hiddens[:, :, -1], cells[:, :, -1])
+
+    def _attend(self, lstm_outputs: torch.FloatTensor, image_grid: torch.FloatTensor | None) -> torch.FloatTensor:
+        """With `config.image_attention`, combine each LSTM output `(B, [T,] H)` with its read-out of the caption's
+        image grid `(B, N, H)` (scaled dot-product attention); otherwise return the outputs unchanged."""
+        if not self.config.image_attention:
+            return lstm_outputs
+        if image_grid is None:
+            raise ValueError("This model attends over the image grid: the state it continues from must carry it.")
+        queries = self.attention_query(lstm_outputs)
+        queries = queries if queries.dim() == 3 else queries[:, None]  # (B, T, H)
+        scores = queries @ image_grid.transpose(1, 2) / self.config.hidden_size**0.5  # (B, T, N)
+        context = torch.softmax(scores, dim=-1) @ image_grid  # (B, T, H)
+        context = context if lstm_outputs.dim() == 3 else context[:, 0]
+        return torch.tanh(self.attention_output(torch.cat([lstm_outputs, context], dim=-1)))
 
     def _vocabulary_scores(self, lstm_outputs: torch.FloatTensor) -> torch.FloatTensor:
         """Logits over the vocabulary; `<pad>` and `<bos>` get the lowest finite score.
@@ -339,13 +421,14 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         else:
             state = self.initial_state(pixel_values, image_features)
             if image_index is not None:
-                state = ShowTellRLState(state.hidden[:, image_index], state.cell[:, image_index], state.seq_length)
+                state = state.select(image_index)
         # 2. LSTM over the words
         step_mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :].bool()
         word_embeddings = self.word_embeddings(input_ids)  # (B, T, W)
         outputs, (hidden, cell) = self._run_lstm(
             word_embeddings, (state.hidden, state.cell), step_mask, need_final_state=use_cache
         )
+        outputs = self._attend(outputs, state.image_grid)  # (B, T, H)
         # 3. vocabulary scores
         logits = self._vocabulary_scores(outputs)  # (B, T, V)
 
@@ -357,7 +440,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         output = ShowTellRLOutput(
             loss=loss,
             logits=logits,
-            past_key_values=ShowTellRLState(hidden, cell, state.seq_length + input_ids.shape[1])
+            past_key_values=ShowTellRLState(hidden, cell, state.seq_length + input_ids.shape[1], state.image_grid)
             if use_cache
             else None,
             hidden_states=outputs if output_hidden_states else None,
@@ -377,12 +460,12 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
 
         Returns:
             logits `(batch_size, vocab_size)` for the next token, the top-layer hidden state `(batch_size,
-            hidden_size)`, and the new state.
+            hidden_size)` (with its attention read-out when `config.image_attention`), and the new state.
         """
         outputs, (hidden, cell) = self.lstm(self.word_embeddings(token_ids)[:, None, :], (state.hidden, state.cell))
-        top_hidden = outputs[:, 0]  # (B, H)
+        top_hidden = self._attend(outputs[:, 0], state.image_grid)  # (B, H)
         logits = self._vocabulary_scores(top_hidden)  # (B, V)
-        return logits, top_hidden, ShowTellRLState(hidden, cell, state.seq_length + 1)
+        return logits, top_hidden, ShowTellRLState(hidden, cell, state.seq_length + 1, state.image_grid)
 
     def caption_log_probs(
         self,
@@ -421,7 +504,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
         attention_mask: torch.LongTensor | None = None,
-    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+    ) -> ShowTellRLPrefixStates:
         """LSTM state after every prefix of given captions: where Monte-Carlo rollouts continue from (seed 000).
 
         Args:
@@ -430,13 +513,14 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                 unchanged through padding.
 
         Returns:
-            `(hidden, cell)`, each `torch.FloatTensor` of shape `(num_layers, batch_size, T, hidden_size)`: index
-            `[:, :, t]` is the state after reading `input_ids[:, : t + 1]`; continue from it with
-            `ShowTellRLState(hidden[:, :, t].contiguous(), cell[:, :, t].contiguous(), t + 1)` and [`step`].
+            [`ShowTellRLPrefixStates`]: `hidden[:, :, t]` and `cell[:, :, t]` are the state after reading
+            `input_ids[:, : t + 1]`; `state_after(rows, t + 1)` gives it as a [`ShowTellRLState`] to continue from
+            with [`step`].
         """
         state = self.initial_state(pixel_values, image_features)
         step_mask = None if attention_mask is None else attention_mask.bool()
-        return self._run_lstm_stepwise(self.word_embeddings(input_ids), (state.hidden, state.cell), step_mask)
+        hidden, cell = self._run_lstm_stepwise(self.word_embeddings(input_ids), (state.hidden, state.cell), step_mask)
+        return ShowTellRLPrefixStates(hidden, cell, state.image_grid)
 
     def baseline_values(self, hidden_states: torch.FloatTensor) -> torch.FloatTensor:
         """Seed 000 baseline `B_phi(s_t)` from LSTM hidden states `(batch_size, T, hidden_size)` -> `(batch_size, T)`.

@@ -77,6 +77,18 @@ def test_eval_results_reject_unknown_metric_keys():
         caption_eval_results({"CIDEr-D": 1.0}, dataset_type="shapes", dataset_name="shapes")
 
 
+def test_scene_grounding_scores_reach_the_card_and_supports_do_not(tmp_path):
+    scores = {**SCORES, "object_f1": 0.875, "generic_share": 0.125, "relation_accuracy": float("nan"),
+              "num_captions": 500.0, "color_precision": 0.9}  # fmt: skip
+    render(scores=scores).save(tmp_path / "README.md")
+    card = ModelCard.load(tmp_path / "README.md")
+    values = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    assert values["Object F1 (colour+shape)"] == 0.875 and values["Generic captions"] == 0.125
+    # nan (nothing to count) and support counts are not results
+    assert "Relation accuracy" not in values and not any("500" in str(value) for value in values.values())
+    assert "| Object F1 (colour+shape) | 0.875 |" in card.text
+
+
 def test_a_custom_template_is_filled(tmp_path):
     template = tmp_path / "card.md"
     rows = "{% for name, value in scores.items() %}{{ name }}={{ value }};{% endfor %}"

@@ -11,9 +11,9 @@ from torch.utils.data import DataLoader
 
 from .data.collator import CaptionCollator
 from .decoding import generate_captions, image_inputs_of
-from .metrics import evaluate_captions
+from .metrics import evaluate_captions, scene_grounding
 
-__all__ = ["caption_batches", "caption_dataset", "evaluate_model"]
+__all__ = ["caption_batches", "caption_dataset", "evaluate_model", "scene_grounding_scores"]
 
 
 def caption_batches(
@@ -48,6 +48,33 @@ def caption_dataset(
     return {key: text for key, text, _ in captioned}, {key: refs for key, _, refs in captioned}
 
 
+def scene_grounding_scores(predictions: Mapping[Any, str], dataset) -> dict[str, float]:
+    """
+    [`rlcaption.metrics.scene_grounding`] of captions keyed by `image_id` against the `scene` column of `dataset`
+    (the embedded shapes dataset has one); `{}` when `dataset` has no `scene` column.
+
+    Raises:
+        `ValueError`: when `dataset` has a `scene` column but no `image_id` column to match captions to scenes, or
+            a captioned image id is not in `dataset`.
+    """
+    column_names = getattr(dataset, "column_names", None) or []
+    if "scene" not in column_names:
+        return {}
+    if "image_id" not in column_names:
+        raise ValueError(
+            "The dataset has a `scene` column but no `image_id` column, so captions cannot be matched to scenes; add "
+            "one, e.g. `dataset.add_column('image_id', list(range(len(dataset))))`."
+        )
+    # only the two small columns are read: images are never decoded here
+    scenes = {row["image_id"]: row["scene"] for row in dataset.select_columns(["image_id", "scene"])}
+    unknown = [key for key in predictions if key not in scenes]
+    if unknown:
+        raise ValueError(
+            f"Captioned image id {unknown[0]!r} is not in the dataset's `image_id` column ({len(unknown)} such ids)."
+        )
+    return scene_grounding(predictions, {key: scenes[key] for key in predictions})
+
+
 @torch.no_grad()
 def evaluate_model(
     model: nn.Module,
@@ -58,7 +85,9 @@ def evaluate_model(
     **generation_kwargs: Any,
 ) -> dict[str, float]:
     """
-    Corpus caption metrics of `model` on `dataset`, keyed like the COCO toolkit (`CIDEr`, `Bleu_4`, ...).
+    Corpus caption metrics of `model` on `dataset`, keyed like the COCO toolkit (`CIDEr`, `Bleu_4`, ...), plus the
+    scene grounding scores (`object_f1`, `generic_share`, ..., see [`scene_grounding_scores`]) when `dataset` has a
+    `scene` column.
 
     Args:
         metrics: metric names for [`rlcaption.metrics.evaluate_captions`]; `None` for all of them (Java ones
@@ -66,4 +95,5 @@ def evaluate_model(
         generation_kwargs: decoding settings, e.g. `num_beams=3, max_length=21`.
     """
     predictions, references = caption_dataset(model, processor, dataset, batch_size=batch_size, **generation_kwargs)
-    return evaluate_captions(predictions, references, metrics=metrics)
+    scores = evaluate_captions(predictions, references, metrics=metrics)
+    return {**scores, **scene_grounding_scores(predictions, dataset)}

@@ -33,14 +33,45 @@ _CAPTION_METRICS = {
 }
 
 
+# Scene grounding keys (`rlcaption.metrics.scene_grounding`, datasets with a `scene` column) -> (type, display name)
+_SCENE_METRICS = {
+    "object_f1": ("f1", "Object F1 (colour+shape)"),
+    "object_precision": ("precision", "Object precision"),
+    "object_recall": ("recall", "Object recall"),
+    "color_f1": ("f1", "Colour F1"),
+    "shape_f1": ("f1", "Shape F1"),
+    "size_accuracy": ("accuracy", "Size accuracy"),
+    "relation_accuracy": ("accuracy", "Relation accuracy"),
+    "location_accuracy": ("accuracy", "Location accuracy"),
+    "count_accuracy": ("accuracy", "Count accuracy"),
+    "generic_share": ("generic_share", "Generic captions"),
+    "parse_failure_share": ("parse_failure_share", "Parse failures"),
+}
+_REPORTED_METRICS = {**_CAPTION_METRICS, **_SCENE_METRICS}
+# Keys that qualify the scores (supports and per-part figures) rather than being scores worth a card line.
+_QUALIFYING_KEYS = (
+    "num_captions",
+    "num_images",
+    "num_sizes_checked",
+    "num_relations_checked",
+    "num_locations_checked",
+    "num_counts_checked",
+    "color_precision",
+    "color_recall",
+    "shape_precision",
+    "shape_recall",
+)
+
+
 def _metric_names(scores: Mapping[str, float]) -> dict[str, tuple[str, str]]:
-    unknown = sorted(set(scores) - set(_CAPTION_METRICS))
+    unknown = sorted(set(scores) - set(_REPORTED_METRICS) - set(_QUALIFYING_KEYS))
     if unknown:
         raise ValueError(
-            f"Unknown caption metric keys {unknown}; expected keys of `evaluate_captions` results: "
-            f"{list(_CAPTION_METRICS)}."
+            f"Unknown caption metric keys {unknown}; expected keys of `evaluate_captions` or `scene_grounding` "
+            f"results: {list(_REPORTED_METRICS)}."
         )
-    return {key: _CAPTION_METRICS[key] for key in _CAPTION_METRICS if key in scores}
+    # a ratio with nothing to count (nan: e.g. no relation stated) is not a result
+    return {key: name for key, name in _REPORTED_METRICS.items() if key in scores and scores[key] == scores[key]}
 
 
 def caption_eval_results(

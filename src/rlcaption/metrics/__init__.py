@@ -3,7 +3,8 @@
 `evaluate_captions` is the entry point for corpus evaluation; every metric is also a plain function on tokenized
 captions (`compute_bleu`, `compute_rouge_l`, `compute_cider_d`, `compute_meteor`, `compute_spice`) returning the
 corpus score and the per-image scores, and an `evaluate` module (`load_metric`). Diversity (`div_n`, `mbleu`,
-`self_bleu`, ...) and retrieval recall (`retrieval_recall`) sit beside them. Nothing here imports torch.
+`self_bleu`, ...) and retrieval recall (`retrieval_recall`) sit beside them, as does the scene grounding of
+shapes captions (`scene_grounding`, `parse_shapes_caption`), which reads the vocabulary of `rlcaption.data.shapes`.
 """
 
 from .bleu import compute_bleu, corpus_bleu_statistics
@@ -14,6 +15,7 @@ from .java import check_java, find_java
 from .meteor import MeteorScorer, compute_meteor
 from .retrieval import retrieval_recall
 from .rouge import compute_rouge_l
+from .scene import SCENE_GROUNDING_KEYS, ground_caption, parse_shapes_caption, scene_grounding
 from .spice import check_spice, compute_spice, download_spice
 from .tokenization import PUNCTUATIONS, normalize_caption, tokenize_caption, tokenize_corpus
 
@@ -21,6 +23,7 @@ __all__ = [
     "AVAILABLE_METRICS",
     "EVALUATE_MODULES",
     "PUNCTUATIONS",
+    "SCENE_GROUNDING_KEYS",
     "CiderD",
     "DocumentFrequencies",
     "MeteorScorer",
@@ -37,10 +40,13 @@ __all__ = [
     "download_spice",
     "evaluate_captions",
     "find_java",
+    "ground_caption",
     "load_metric",
     "mbleu",
     "normalize_caption",
+    "parse_shapes_caption",
     "retrieval_recall",
+    "scene_grounding",
     "self_bleu",
     "set_diversity",
     "tokenize_caption",

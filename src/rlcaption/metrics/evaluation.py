@@ -43,7 +43,7 @@ _ALIASES = {"rouge": "rouge_l", "cider_d": "cider", "cider-d": "cider"}
 _REQUIREMENTS = {"spider": ("cider", "spice")}
 
 # `evaluate` metric modules shipped in `rlcaption/evaluate_modules/`, by the name `load_metric` takes.
-EVALUATE_MODULES = ("bleu", "meteor", "rouge_l", "cider_d", "spice", "spider")
+EVALUATE_MODULES = ("bleu", "meteor", "rouge_l", "cider_d", "spice", "spider", "scene_grounding")
 _MODULE_ALIASES = {"rouge": "rouge_l", "cider": "cider_d", "cider-d": "cider_d"}
 _MODULES_DIR = Path(__file__).resolve().parent.parent / "evaluate_modules"
 

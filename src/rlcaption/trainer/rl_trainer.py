@@ -19,7 +19,7 @@ from transformers.utils import logging
 from .. import objectives as _objectives  # noqa: F401  (registers the built-in objectives)
 from ..data.collator import CaptionCollator
 from ..decoding import GeneratedCaptions, generate_captions
-from ..evaluation import caption_batches
+from ..evaluation import caption_batches, scene_grounding_scores
 from ..metrics import evaluate_captions
 from ..objectives.base import get_objective_class
 from ..rewards import RewardMix, get_reward
@@ -277,7 +277,8 @@ class RLCaptionTrainer(Trainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """
         Captions the evaluation split with beam search (`args.eval_num_beams`) and scores them with
-        `args.eval_metrics`; logs and returns `{f"{metric_key_prefix}_{metric}": value}`.
+        `args.eval_metrics`, and with the scene grounding metrics (`object_f1`, ...) when the split has a `scene`
+        column; logs and returns `{f"{metric_key_prefix}_{metric}": value}`.
         """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if isinstance(dataset, dict):
@@ -289,6 +290,7 @@ class RLCaptionTrainer(Trainer):
             raise ValueError("evaluate() needs an eval_dataset (given to the trainer or to this call).")
         predictions, references = self.caption_dataset(dataset)
         scores = evaluate_captions(predictions, references, metrics=self.args.eval_metrics)
+        scores.update(scene_grounding_scores(predictions, dataset))
         metrics = {f"{metric_key_prefix}_{name}": float(value) for name, value in scores.items()}
         metrics[f"{metric_key_prefix}_num_images"] = float(len(predictions))
         self.log(metrics)

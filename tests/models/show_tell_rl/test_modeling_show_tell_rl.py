@@ -260,7 +260,7 @@ def test_attention_reads_the_image_at_every_step():
     ids, pixels = random_captions(2, 6), random_pixels(2)
     state = model.initial_state(pixels)
     other = model.initial_state(random_pixels(2, seed=9))
-    swapped = ShowTellRLState(state.hidden, state.cell, 0, other.image_grid)
+    swapped = ShowTellRLState(state.hidden, state.cell, 0, other.image_grid, state.attention_output)
     logits, _, _ = model.step(ids[:, 0], state)
     swapped_logits, _, _ = model.step(ids[:, 0], swapped)
     assert not torch.allclose(logits, swapped_logits)

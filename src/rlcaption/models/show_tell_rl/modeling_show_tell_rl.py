@@ -40,6 +40,8 @@ class ShowTellRLState:
         seq_length (`int`): number of word tokens read so far (the image step is not counted).
         image_grid (`torch.FloatTensor` of shape `(batch_size, num_positions, hidden_size)`, *optional*): the
             projected feature grid each caption attends over (`config.image_attention`), one copy per caption row.
+        attention_output (`torch.FloatTensor` of shape `(batch_size, hidden_size)`, *optional*): the last step's
+            attentional output, fed back into the LSTM with the next word (`config.image_attention`).
     """
 
     # `generate` asks these of any cache; a recurrent state has a fixed size and nothing to compile or crop
@@ -52,11 +54,13 @@ class ShowTellRLState:
         cell: torch.FloatTensor,
         seq_length: int = 0,
         image_grid: torch.FloatTensor | None = None,
+        attention_output: torch.FloatTensor | None = None,
     ):
         self.hidden = hidden
         self.cell = cell
         self.seq_length = seq_length
         self.image_grid = image_grid
+        self.attention_output = attention_output
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of word tokens read so far."""
@@ -69,21 +73,24 @@ class ShowTellRLState:
         self.cell = self.cell.index_select(1, beam_idx)
         if self.image_grid is not None:
             self.image_grid = self.image_grid.index_select(0, beam_idx)
+            self.attention_output = self.attention_output.index_select(0, beam_idx)
 
     def select(self, rows: torch.Tensor) -> ShowTellRLState:
         """A new state holding the captions `rows` (a boolean mask or indices over the batch), in that order."""
-        image_grid = None if self.image_grid is None else self.image_grid[rows]
-        return ShowTellRLState(self.hidden[:, rows], self.cell[:, rows], self.seq_length, image_grid)
+        if self.image_grid is None:
+            return ShowTellRLState(self.hidden[:, rows], self.cell[:, rows], self.seq_length)
+        return ShowTellRLState(
+            self.hidden[:, rows],
+            self.cell[:, rows],
+            self.seq_length,
+            self.image_grid[rows],
+            self.attention_output[rows],
+        )
 
     def repeat_interleave(self, repeats: int) -> ShowTellRLState:
         """A new state with every caption's state repeated `repeats` times (e.g. K rollouts from each prefix)."""
-        image_grid = None if self.image_grid is None else self.image_grid.repeat_interleave(repeats, dim=0)
-        return ShowTellRLState(
-            self.hidden.repeat_interleave(repeats, dim=1),
-            self.cell.repeat_interleave(repeats, dim=1),
-            self.seq_length,
-            image_grid,
-        )
+        index = torch.arange(self.hidden.shape[1], device=self.hidden.device).repeat_interleave(repeats)
+        return self.select(index)
 
 
 @dataclass
@@ -96,19 +103,26 @@ class ShowTellRLPrefixStates:
         cell (`torch.FloatTensor` of shape `(num_layers, batch_size, T, hidden_size)`): the cell states, alike.
         image_grid (`torch.FloatTensor` of shape `(batch_size, num_positions, hidden_size)`, *optional*): each
             caption's projected feature grid (`config.image_attention`).
+        attention_outputs (`torch.FloatTensor` of shape `(batch_size, T, hidden_size)`, *optional*): the attentional
+            output after every prefix (`config.image_attention`).
     """
 
     hidden: torch.FloatTensor
     cell: torch.FloatTensor
     image_grid: torch.FloatTensor | None = None
+    attention_outputs: torch.FloatTensor | None = None
 
     def state_after(self, captions: torch.LongTensor, num_tokens: torch.LongTensor) -> ShowTellRLState:
         """The states of caption rows `captions` `(R,)` after their first `num_tokens` `(R,)` tokens, as one batch."""
-        return ShowTellRLState(
-            self.hidden[:, captions, num_tokens - 1].contiguous(),  # (L, R, H)
-            self.cell[:, captions, num_tokens - 1].contiguous(),
-            image_grid=None if self.image_grid is None else self.image_grid[captions],
+        position = num_tokens - 1
+        state = ShowTellRLState(
+            self.hidden[:, captions, position].contiguous(),  # (L, R, H)
+            self.cell[:, captions, position].contiguous(),
         )
+        if self.image_grid is not None:
+            state.image_grid = self.image_grid[captions]
+            state.attention_output = self.attention_outputs[captions, position]
+        return state
 
 
 @dataclass
@@ -192,8 +206,11 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             self.attention_query = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
             self.attention_output = nn.Linear(2 * config.hidden_size, config.hidden_size)
         self.word_embeddings = nn.Embedding(config.vocab_size, config.word_embedding_size)
+        # with attention, the previous step's attentional output is read with each word ("input feeding"), so the
+        # LSTM knows which object it has just described and can move on to another one
+        lstm_input_size = config.word_embedding_size + (config.hidden_size if config.image_attention else 0)
         self.lstm = nn.LSTM(
-            config.word_embedding_size,
+            lstm_input_size,
             config.hidden_size,
             num_layers=config.num_layers,
             dropout=config.dropout if config.num_layers > 1 else 0.0,
@@ -279,30 +296,66 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         image_embeddings = self.encode_images(pixel_values, image_features)  # (B, W)
         if self.config.image_attention:
             image_embeddings, image_grid = image_embeddings
-        zeros = image_embeddings.new_zeros(self.config.num_layers, image_embeddings.shape[0], self.config.hidden_size)
+        batch_size = image_embeddings.shape[0]
+        zeros = image_embeddings.new_zeros(self.config.num_layers, batch_size, self.config.hidden_size)
+        attention_output = None
+        if image_grid is not None:
+            attention_output = image_embeddings.new_zeros(batch_size, self.config.hidden_size)
+            image_embeddings = torch.cat([image_embeddings, attention_output], dim=-1)
         _, (hidden, cell) = self.lstm(image_embeddings[:, None, :], (zeros, zeros))
-        return ShowTellRLState(hidden, cell, seq_length=0, image_grid=image_grid)
+        return ShowTellRLState(hidden, cell, 0, image_grid, attention_output)
 
     # ---------------------------------------------------------------- LSTM over words
-    def _run_lstm_stepwise(
-        self, inputs: torch.FloatTensor, state: tuple[torch.Tensor, torch.Tensor], step_mask: torch.Tensor | None
-    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
-        """One LSTM call per position; positions where `step_mask` is False carry the state through unchanged.
+    def _step_state(
+        self, word_embeddings: torch.FloatTensor, state: ShowTellRLState
+    ) -> tuple[torch.FloatTensor, ShowTellRLState]:
+        """Read one word embedding `(B, W)` per caption: the top-layer output `(B, H)` (attentional with
+        `config.image_attention`) and the new state."""
+        if self.config.image_attention:
+            if state.image_grid is None or state.attention_output is None:
+                raise ValueError(
+                    "This model attends over the image grid: the state it continues from must carry the grid and the "
+                    "last attentional output (start from `initial_state` or a `forward` with `use_cache=True`)."
+                )
+            word_embeddings = torch.cat([word_embeddings, state.attention_output], dim=-1)  # input feeding
+        outputs, (hidden, cell) = self.lstm(word_embeddings[:, None, :], (state.hidden, state.cell))
+        top = outputs[:, 0]  # (B, H)
+        if self.config.image_attention:
+            top = self._attend(top, state.image_grid)
+            return top, ShowTellRLState(hidden, cell, state.seq_length + 1, state.image_grid, top)
+        return top, ShowTellRLState(hidden, cell, state.seq_length + 1)
 
-        Returns the hidden and cell states after every position, each `(num_layers, batch_size, seq_len, hidden)`.
+    def _decode_stepwise(
+        self, word_embeddings: torch.FloatTensor, state: ShowTellRLState, step_mask: torch.Tensor | None
+    ) -> tuple[torch.FloatTensor, ShowTellRLPrefixStates, ShowTellRLState]:
+        """One step per position of `word_embeddings` `(B, T, W)`; where `step_mask` is False the state is carried
+        through unchanged.
+
+        Returns the top-layer outputs `(B, T, H)`, the states after every position, and the final state.
         """
-        hidden, cell = state
-        hiddens, cells = [], []
-        for position in range(inputs.shape[1]):
-            _, (next_hidden, next_cell) = self.lstm(inputs[:, position : position + 1], (hidden, cell))
+        outputs, hiddens, cells, attention_outputs = [], [], [], []
+        for position in range(word_embeddings.shape[1]):
+            output, next_state = self._step_state(word_embeddings[:, position], state)
             if step_mask is not None:
-                keep = step_mask[:, position].view(1, -1, 1)
-                next_hidden = torch.where(keep, next_hidden, hidden)
-                next_cell = torch.where(keep, next_cell, cell)
-            hidden, cell = next_hidden, next_cell
-            hiddens.append(hidden)
-            cells.append(cell)
-        return torch.stack(hiddens, dim=2), torch.stack(cells, dim=2)  # (L, B, T, H) each
+                keep = step_mask[:, position]
+                next_state.hidden = torch.where(keep.view(1, -1, 1), next_state.hidden, state.hidden)
+                next_state.cell = torch.where(keep.view(1, -1, 1), next_state.cell, state.cell)
+                if next_state.attention_output is not None:
+                    next_state.attention_output = torch.where(
+                        keep[:, None], next_state.attention_output, state.attention_output
+                    )
+            state = next_state
+            outputs.append(output)
+            hiddens.append(state.hidden)
+            cells.append(state.cell)
+            attention_outputs.append(state.attention_output)
+        prefix_states = ShowTellRLPrefixStates(
+            torch.stack(hiddens, dim=2),  # (L, B, T, H)
+            torch.stack(cells, dim=2),
+            state.image_grid,
+            torch.stack(attention_outputs, dim=1) if state.image_grid is not None else None,  # (B, T, H)
+        )
+        return torch.stack(outputs, dim=1), prefix_states, state
 
     def _run_lstm(
         self,
@@ -332,22 +385,18 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             packed_outputs, (hidden, cell) = self.lstm(packed, state)
             outputs, _ = pad_packed_sequence(packed_outputs, batch_first=True, total_length=inputs.shape[1])
             return outputs, (hidden, cell)
-        hiddens, cells = self._run_lstm_stepwise(inputs, state, step_mask)  # left padding or holes
-        return hiddens[-1], (hiddens[:, :, -1], cells[:, :, -1])
+        outputs, _, final = self._decode_stepwise(inputs, ShowTellRLState(*state), step_mask)  # left padding, holes
+        return outputs, (final.hidden, final.cell)
 
-    def _attend(self, lstm_outputs: torch.FloatTensor, image_grid: torch.FloatTensor | None) -> torch.FloatTensor:
-        """With `config.image_attention`, combine each LSTM output `(B, [T,] H)` with its read-out of the caption's
-        image grid `(B, N, H)` (scaled dot-product attention); otherwise return the outputs unchanged."""
-        if not self.config.image_attention:
-            return lstm_outputs
+    def _attend(self, lstm_output: torch.FloatTensor, image_grid: torch.FloatTensor | None) -> torch.FloatTensor:
+        """The attentional output `(B, H)`: the LSTM output `(B, H)` combined with its read-out of the caption's image
+        grid `(B, N, H)` by scaled dot-product attention (Luong et al. 2015, with input feeding)."""
         if image_grid is None:
             raise ValueError("This model attends over the image grid: the state it continues from must carry it.")
-        queries = self.attention_query(lstm_outputs)
-        queries = queries if queries.dim() == 3 else queries[:, None]  # (B, T, H)
-        scores = queries @ image_grid.transpose(1, 2) / self.config.hidden_size**0.5  # (B, T, N)
-        context = torch.softmax(scores, dim=-1) @ image_grid  # (B, T, H)
-        context = context if lstm_outputs.dim() == 3 else context[:, 0]
-        return torch.tanh(self.attention_output(torch.cat([lstm_outputs, context], dim=-1)))
+        scores = (self.attention_query(lstm_output)[:, None, :] @ image_grid.transpose(1, 2))[:, 0]  # (B, N)
+        weights = torch.softmax(scores / self.config.hidden_size**0.5, dim=-1)
+        context = (weights[:, None, :] @ image_grid)[:, 0]  # (B, H)
+        return torch.tanh(self.attention_output(torch.cat([lstm_output, context], dim=-1)))
 
     def _vocabulary_scores(self, lstm_outputs: torch.FloatTensor) -> torch.FloatTensor:
         """Logits over the vocabulary; `<pad>` and `<bos>` get the lowest finite score.
@@ -425,10 +474,14 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         # 2. LSTM over the words
         step_mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :].bool()
         word_embeddings = self.word_embeddings(input_ids)  # (B, T, W)
-        outputs, (hidden, cell) = self._run_lstm(
-            word_embeddings, (state.hidden, state.cell), step_mask, need_final_state=use_cache
-        )
-        outputs = self._attend(outputs, state.image_grid)  # (B, T, H)
+        if self.config.image_attention:
+            # each step's input depends on the previous step's attention: one step at a time
+            outputs, _, final_state = self._decode_stepwise(word_embeddings, state, step_mask)
+        else:
+            outputs, (hidden, cell) = self._run_lstm(
+                word_embeddings, (state.hidden, state.cell), step_mask, need_final_state=use_cache
+            )
+            final_state = ShowTellRLState(hidden, cell, state.seq_length + input_ids.shape[1])
         # 3. vocabulary scores
         logits = self._vocabulary_scores(outputs)  # (B, T, V)
 
@@ -440,9 +493,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         output = ShowTellRLOutput(
             loss=loss,
             logits=logits,
-            past_key_values=ShowTellRLState(hidden, cell, state.seq_length + input_ids.shape[1], state.image_grid)
-            if use_cache
-            else None,
+            past_key_values=final_state if use_cache else None,
             hidden_states=outputs if output_hidden_states else None,
             baseline_values=self.baseline_values(outputs) if output_baseline_values else None,
         )
@@ -462,10 +513,9 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             logits `(batch_size, vocab_size)` for the next token, the top-layer hidden state `(batch_size,
             hidden_size)` (with its attention read-out when `config.image_attention`), and the new state.
         """
-        outputs, (hidden, cell) = self.lstm(self.word_embeddings(token_ids)[:, None, :], (state.hidden, state.cell))
-        top_hidden = self._attend(outputs[:, 0], state.image_grid)  # (B, H)
+        top_hidden, next_state = self._step_state(self.word_embeddings(token_ids), state)  # (B, H)
         logits = self._vocabulary_scores(top_hidden)  # (B, V)
-        return logits, top_hidden, ShowTellRLState(hidden, cell, state.seq_length + 1, state.image_grid)
+        return logits, top_hidden, next_state
 
     def caption_log_probs(
         self,
@@ -519,8 +569,8 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         """
         state = self.initial_state(pixel_values, image_features)
         step_mask = None if attention_mask is None else attention_mask.bool()
-        hidden, cell = self._run_lstm_stepwise(self.word_embeddings(input_ids), (state.hidden, state.cell), step_mask)
-        return ShowTellRLPrefixStates(hidden, cell, state.image_grid)
+        _, prefix_states, _ = self._decode_stepwise(self.word_embeddings(input_ids), state, step_mask)
+        return prefix_states
 
     def baseline_values(self, hidden_states: torch.FloatTensor) -> torch.FloatTensor:
         """Seed 000 baseline `B_phi(s_t)` from LSTM hidden states `(batch_size, T, hidden_size)` -> `(batch_size, T)`.

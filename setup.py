@@ -28,7 +28,8 @@ setup(
     ],
     extras_require={
         "java": ["pycocoevalcap==1.2"],
-        "dev": ["pycocoevalcap==1.2", "pytest>=8", "hypothesis", "ruff", "scipy"],
+        "plots": ["matplotlib"],
+        "dev": ["pycocoevalcap==1.2", "pytest>=8", "hypothesis", "ruff", "scipy", "matplotlib"],
     },
     entry_points={"console_scripts": ["rlcaption=rlcaption.cli:main"]},
     classifiers=[

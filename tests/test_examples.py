@@ -1,5 +1,6 @@
 """The recipes run end to end as a user launches them (tiny settings)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -22,10 +23,16 @@ def test_xe_then_scst_then_caption(tmp_path):
     common = ["--num_train_images", "16", "--use_cpu", "--per_device_train_batch_size", "4", "--save_strategy", "no"]
     run_recipe(
         "train_xe.py", "--output_dir", str(tmp_path / "xe"), "--hidden_size", "16", "--max_steps", "2",
-        "--eval_strategy", "no", *common, cache_dir=tmp_path / "cache",
+        "--eval_strategy", "no", "--num_validation_images", "4", "--num_test_images", "4",
+        "--scene_pretraining_steps", "2", *common, cache_dir=tmp_path / "cache",
     )  # fmt: skip
     assert (tmp_path / "xe" / "model.safetensors").is_file()
     assert (tmp_path / "xe" / "processor_config.json").is_file()
+    # the warm start is judged on the test split, grounding included, and carries its card
+    test_scores = json.loads((tmp_path / "xe" / "eval_results.json").read_text())["test"]
+    assert {"CIDEr", "Bleu_4", "object_f1", "generic_share"} <= set(test_scores)
+    assert "model-index" in (tmp_path / "xe" / "README.md").read_text()
+    assert json.loads((tmp_path / "xe" / "config.json").read_text())["freeze_image_encoder"] is True
 
     run_recipe(
         "train_scst.py", "--model_name_or_path", str(tmp_path / "xe"), "--output_dir", str(tmp_path / "scst"),

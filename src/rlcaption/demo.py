@@ -159,7 +159,7 @@ def run_demo(
     pretraining = pretrain_image_encoder_on_scenes(
         model.image_encoder, processor, shapes["train"], num_steps=settings.scene_pretraining_steps, seed=settings.seed
     )
-    model.image_encoder.requires_grad_(not settings.freeze_image_encoder)
+    model.freeze_image_encoder(settings.freeze_image_encoder)
     print(
         f"[demo] image encoder pretrained on the scene annotations at {time.perf_counter() - start:.0f} s: "
         + ", ".join(f"{name} {value:.3f}" for name, value in pretraining.items())
@@ -173,8 +173,7 @@ def run_demo(
 
     # 3. self-critical training from the XE weights
     xe_model = ShowTellRL.from_pretrained(xe_dir)
-    model = ShowTellRL.from_pretrained(xe_dir)
-    model.image_encoder.requires_grad_(not settings.freeze_image_encoder)
+    model = ShowTellRL.from_pretrained(xe_dir)  # the encoder stays frozen: the saved config says so
     _train(
         model, processor, shapes, scst_dir, settings,
         objective="scst", reward_funcs=["cider"], num_samples_per_image=settings.num_samples_per_image,

@@ -163,6 +163,7 @@ def render_model_card(
         model_summary=model_summary,
         num_layers=config.num_layers,
         hidden_size=config.hidden_size,
+        image_attention=getattr(config, "image_attention", False),
         num_parameters=_parameter_count(model),
         max_length=model.generation_config.max_length,
         training_summary=training_summary,

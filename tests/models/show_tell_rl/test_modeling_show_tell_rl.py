@@ -442,3 +442,20 @@ def test_saved_checkpoint_loads_with_trust_remote_code_without_rlcaption(tmp_pat
     expected = model(torch.tensor([[1, 5, 6]]), pixel_values=torch.ones(1, 3, 16, 16)).logits
     # another process may pick other CPU kernels: equal up to float rounding
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected)
+
+
+def test_a_frozen_image_encoder_stays_frozen_after_saving(tmp_path):
+    model = tiny_model()
+    model.freeze_image_encoder()
+    model.train()
+    ids = random_captions(2, 5)
+    model(ids, pixel_values=random_pixels(2), labels=ids).loss.backward()
+    assert all(parameter.grad is None for parameter in model.image_encoder.parameters())
+    assert model.lstm.weight_hh_l0.grad is not None
+    model.save_pretrained(tmp_path)
+    reloaded = ShowTellRL.from_pretrained(tmp_path)
+    assert not any(parameter.requires_grad for parameter in reloaded.image_encoder.parameters())
+    reloaded.freeze_image_encoder(False)
+    assert all(parameter.requires_grad for parameter in reloaded.image_encoder.parameters())
+    with pytest.raises(ValueError, match="freeze_backbone"):
+        tiny_model(encoder_type="features", image_feature_size=12).freeze_image_encoder()

@@ -44,7 +44,10 @@ class ShowTellRLConfig(PretrainedConfig):
             Load the weights of `backbone` when the model is built. Defaults to True when `backbone` is given. The
             model sets it to False once the weights are part of it, so reloading a saved model downloads nothing.
         freeze_backbone (`bool`, *optional*, defaults to `True`):
-            Keep the backbone's weights fixed.
+            Keep the backbone's weights fixed (`"backbone"` encoder).
+        freeze_image_encoder (`bool`, *optional*, defaults to `False`):
+            Keep the `"cnn"` encoder's weights fixed, e.g. once pretrained on scene annotations
+            ([`rlcaption.scene_pretraining`]): saved with the model, so every later training (XE, RL) keeps it fixed.
         image_feature_size (`int`, *optional*):
             Width of precomputed `image_features` (`"features"` encoder).
         image_attention (`bool`, *optional*, defaults to `False`):
@@ -88,6 +91,7 @@ class ShowTellRLConfig(PretrainedConfig):
         backbone_config: dict | None = None,
         use_pretrained_backbone: bool | None = None,
         freeze_backbone: bool = True,
+        freeze_image_encoder: bool = False,
         image_feature_size: int | None = None,
         image_attention: bool = False,
         baseline_hidden_size: int = 512,
@@ -117,6 +121,7 @@ class ShowTellRLConfig(PretrainedConfig):
             backbone is not None if use_pretrained_backbone is None else use_pretrained_backbone
         )
         self.freeze_backbone = freeze_backbone
+        self.freeze_image_encoder = freeze_image_encoder
         self.image_feature_size = image_feature_size
         self.image_attention = image_attention
         self.baseline_hidden_size = baseline_hidden_size

@@ -230,10 +230,21 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             self.image_encoder.load_pretrained_backbone(config.backbone)
             # the weights are now part of this model: a saved copy must not download them again
             config.use_pretrained_backbone = False
+        if config.encoder_type == "cnn" and config.freeze_image_encoder:
+            self.image_encoder.requires_grad_(False)
         self.generation_config.bos_token_id = config.bos_token_id
         self.generation_config.eos_token_id = config.eos_token_id
         self.generation_config.pad_token_id = config.pad_token_id
         self.generation_config.max_length = config.max_caption_length
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) when asked for
+        # loading materialises fresh, trainable parameters: apply the saved freezing again
+        if model.config.encoder_type == "cnn" and model.config.freeze_image_encoder:
+            model.image_encoder.requires_grad_(False)
+        return loaded
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -253,6 +264,16 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         self.lm_head = new_embeddings
 
     # ---------------------------------------------------------------- image side
+    def freeze_image_encoder(self, frozen: bool = True) -> None:
+        """Keep the CNN encoder's weights fixed (or train them again), now and in every saved copy of the model."""
+        if self.config.encoder_type != "cnn":
+            raise ValueError(
+                f"freeze_image_encoder is for the 'cnn' encoder; this model's {self.config.encoder_type!r} encoder "
+                "follows config.freeze_backbone (or has no weights, for 'features')."
+            )
+        self.config.freeze_image_encoder = frozen
+        self.image_encoder.requires_grad_(not frozen)
+
     def encode_images(
         self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
     ) -> torch.FloatTensor | tuple[torch.FloatTensor, torch.FloatTensor]:

@@ -6,7 +6,14 @@ from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDe
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
 
 
-def make_show_tell(processor, image_size: int, seed: int = 0, dropout: float = 0.0, hidden_size: int = 32):
+def make_show_tell(
+    processor,
+    image_size: int,
+    seed: int = 0,
+    dropout: float = 0.0,
+    hidden_size: int = 32,
+    image_attention: bool = False,
+):
     torch.manual_seed(seed)
     tokenizer = processor.tokenizer
     config = ShowTellRLConfig(
@@ -16,6 +23,7 @@ def make_show_tell(processor, image_size: int, seed: int = 0, dropout: float = 0
         encoder_type="cnn",
         image_size=image_size,
         cnn_channels=[8, 8, 16, 16],
+        image_attention=image_attention,
         baseline_hidden_size=16,
         dropout=dropout,
         pad_token_id=tokenizer.pad_token_id,

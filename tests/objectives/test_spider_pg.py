@@ -108,10 +108,11 @@ def test_token_sampler_follows_the_softmax_distribution():
     )
 
 
-def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values):
+@pytest.mark.parametrize("image_attention", [False, True], ids=["show-tell", "attention"])
+def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values, image_attention):
     num_paths = 2  # several captions per image: rollouts find each caption's image through image_index
     pixel_values = pixel_values[:2]
-    model = make_show_tell(processor, IMAGE_SIZE, seed=3, dropout=0.3)
+    model = make_show_tell(processor, IMAGE_SIZE, seed=3, dropout=0.3, image_attention=image_attention)
     sequences, mask = sampled_captions(model, processor, pixel_values, num_paths=num_paths)
     image_index = torch.arange(pixel_values.size(0)).repeat_interleave(num_paths)
     num_rows = 3 * int((mask.sum(dim=1) - 1).sum())
@@ -149,9 +150,10 @@ def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values):
     torch.testing.assert_close(q_batched[torch.arange(len(last)), last], caption_rewards)
 
 
-def test_rollouts_continue_the_policy_from_the_prefix_state(processor, pixel_values):
+@pytest.mark.parametrize("image_attention", [False, True], ids=["show-tell", "attention"])
+def test_rollouts_continue_the_policy_from_the_prefix_state(processor, pixel_values, image_attention):
     """The first rollout token is drawn from π(· | g_{1:t}, image): compare with a forward pass over the prefix."""
-    model = make_show_tell(processor, IMAGE_SIZE, seed=4).eval()
+    model = make_show_tell(processor, IMAGE_SIZE, seed=4, image_attention=image_attention).eval()
     sequences, mask = sampled_captions(model, processor, pixel_values)
     caption_index, prefix_length = rollout_prefixes(mask, num_rollouts=1)
     row = int(torch.argmax(prefix_length))  # the longest prefix

@@ -1,9 +1,12 @@
 """Registrations that let the `transformers` Auto classes resolve rlcaption's models and processor.
 
 Importing this module (done by `import rlcaption`) is enough: afterwards `AutoConfig`, `AutoModel`,
-`AutoModelForImageTextToText` and `AutoProcessor` load folders and hub repos saved by rlcaption. The models are also
-registered for `trust_remote_code`, so a saved checkpoint carries its modeling code and loads for users who do not
-have rlcaption installed.
+`AutoModelForImageTextToText` and `AutoProcessor` load folders and hub repos saved by rlcaption. Saved checkpoints
+carry no code: they load wherever rlcaption is installed. To publish one that also loads with `trust_remote_code=True`
+for users without rlcaption, register the classes before saving:
+
+    ShowTellRLConfig.register_for_auto_class("AutoConfig")
+    ShowTellRL.register_for_auto_class("AutoModel")
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor
@@ -17,6 +20,3 @@ AutoConfig.register(ShowTellRLConfig.model_type, ShowTellRLConfig, exist_ok=True
 AutoModel.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
 AutoModelForImageTextToText.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
 AutoProcessor.register(ShowTellRLConfig, CaptionProcessor, exist_ok=True)
-
-ShowTellRLConfig.register_for_auto_class("AutoConfig")
-ShowTellRL.register_for_auto_class("AutoModel")

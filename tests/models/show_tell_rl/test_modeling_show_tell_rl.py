@@ -420,7 +420,22 @@ def test_load_by_hub_id_from_local_cache_offline(tmp_path):
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected)
 
 
-def test_saved_checkpoint_loads_with_trust_remote_code_without_rlcaption(tmp_path):
+def test_a_saved_checkpoint_carries_no_code_by_default(tmp_path):
+    tiny_model().save_pretrained(tmp_path / "saved")
+    assert not list((tmp_path / "saved").glob("*.py"))
+    assert "auto_map" not in (tmp_path / "saved" / "config.json").read_text()
+
+
+@pytest.fixture
+def registered_for_remote_code():
+    ShowTellRLConfig.register_for_auto_class("AutoConfig")
+    ShowTellRL.register_for_auto_class("AutoModel")
+    yield
+    ShowTellRLConfig._auto_class = None
+    ShowTellRL._auto_class = None
+
+
+def test_saved_checkpoint_loads_with_trust_remote_code_without_rlcaption(tmp_path, registered_for_remote_code):
     model = tiny_model()
     model.save_pretrained(tmp_path / "saved")
     for name in ("modeling_show_tell_rl.py", "configuration_show_tell_rl.py", "encoders.py"):

@@ -1,0 +1,141 @@
+"""The checkpoints shipped in `checkpoints/`: Hub-ready, small, codeless, loadable by folder and by Hub id, and
+captioners that see (they name the objects of shapes test images)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from safetensors.torch import load_file
+
+from rlcaption.cli import main as cli_main
+from rlcaption.data import load_shapes
+from rlcaption.evaluation import evaluate_model
+from rlcaption.models import ShowTellRL, ShowTellRLConfig
+from rlcaption.processing import CaptionProcessor
+
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+# name -> what its card must say about how it was trained
+CAPTIONERS = {"show-tell-rl-shapes-xe": "train_xe.py", "show-tell-rl-shapes-spider-pg-cider": "spider_pg"}
+captioners = pytest.mark.parametrize("name", list(CAPTIONERS))
+
+
+@pytest.fixture(scope="module")
+def shapes_test(tmp_path_factory):
+    """The first test images of the recipes' shapes dataset (seed 0, 4000 / 200 / 500 images at 48 px)."""
+    shapes = load_shapes(4000, 200, 500, image_size=48, seed=0, cache_dir=tmp_path_factory.mktemp("shapes"))
+    return shapes["test"].select(range(40))
+
+
+@pytest.fixture(scope="module")
+def shapes_image(shapes_test, tmp_path_factory):
+    path = tmp_path_factory.mktemp("images") / "scene.png"
+    shapes_test[0]["image"].save(path)
+    return path
+
+
+def _caption(model, processor, image_path, num_beams=3):
+    from PIL import Image
+
+    inputs = processor(images=Image.open(image_path).convert("RGB"), return_tensors="pt")
+    with torch.no_grad():
+        sequences = model.generate(pixel_values=inputs["pixel_values"], num_beams=num_beams, max_length=21)
+    return processor.batch_decode(sequences, skip_special_tokens=True)[0].strip()
+
+
+@captioners
+def test_checkpoint_folder_is_hub_ready_small_and_codeless(name):
+    folder = CHECKPOINTS / name
+    names = {path.name for path in folder.iterdir()}
+    expected = {"config.json", "model.safetensors", "generation_config.json", "processor_config.json", "README.md"}
+    assert expected <= names
+    assert "tokenizer.json" in names or "tokenizer_config.json" in names
+    assert not {"training_args.bin", "optimizer.pt"} & names  # nothing of the training run
+    assert not [path for path in folder.iterdir() if path.suffix == ".py"]  # the installed package has the code
+    assert "auto_map" not in json.loads((folder / "config.json").read_text())
+    assert sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) < 20 * 2**20
+    weights = load_file(str(folder / "model.safetensors"))
+    assert any(key.startswith("baseline_head") for key in weights)  # the seed 000 baseline is part of the model
+
+
+@captioners
+def test_checkpoint_card_reports_consensus_and_grounding(name):
+    card = ModelCard.load(CHECKPOINTS / name / "README.md")
+    scores = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    assert {"CIDEr-D", "BLEU-4", "ROUGE-L", "Object F1 (colour+shape)", "Generic captions"} <= set(scores)
+    assert 0.0 < scores["CIDEr-D"] and 0.0 <= scores["Generic captions"] <= 1.0
+    assert f'ShowTellRL.from_pretrained("rlcaption/{name}")' in card.text
+    assert CAPTIONERS[name] in card.text
+
+
+@captioners
+def test_checkpoint_sees_the_objects_of_test_images(name, shapes_test):
+    model = ShowTellRL.from_pretrained(CHECKPOINTS / name).eval()
+    processor = CaptionProcessor.from_pretrained(CHECKPOINTS / name)
+    assert model.config.image_attention and model.config.freeze_image_encoder
+    assert not any(parameter.requires_grad for parameter in model.image_encoder.parameters())
+    scores = evaluate_model(model, processor, shapes_test, metrics=("cider",), num_beams=1, max_length=21)
+    # a captioner blind to the image names the right colour-shape pairs by chance only (F1 ~0.03)
+    assert scores["object_f1"] > 0.75, scores
+    assert scores["generic_share"] < 0.2, scores
+
+
+@captioners
+def test_checkpoint_loads_by_hub_id_through_a_local_hub_cache_offline(name, tmp_path, shapes_image):
+    hub_id = f"rlcaption/{name}"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = tmp_path / "hub" / f"models--{hub_id.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(revision)
+    for file in (CHECKPOINTS / name).iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+    script = textwrap.dedent(
+        f"""
+        import json
+        from PIL import Image
+        from rlcaption import CaptionProcessor, ShowTellRL
+        model = ShowTellRL.from_pretrained({hub_id!r}).eval()
+        processor = CaptionProcessor.from_pretrained({hub_id!r})
+        inputs = processor(images=Image.open({str(shapes_image)!r}).convert("RGB"), return_tensors="pt")
+        sequences = model.generate(pixel_values=inputs["pixel_values"], num_beams=3, max_length=21)
+        print(json.dumps(processor.batch_decode(sequences, skip_special_tokens=True)[0].strip()))
+        """
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    from_hub_id = json.loads(result.stdout.strip().splitlines()[-1])
+    model = ShowTellRL.from_pretrained(CHECKPOINTS / name).eval()
+    assert from_hub_id == _caption(model, CaptionProcessor.from_pretrained(CHECKPOINTS / name), shapes_image)
+
+
+def test_cli_captions_an_image_with_the_checkpoint(shapes_image, capsys):
+    folder = CHECKPOINTS / "show-tell-rl-shapes-spider-pg-cider"
+    cli_main(["caption", "--model", str(folder), "--num-beams", "3", str(shapes_image)])
+    path, caption = capsys.readouterr().out.strip().split("\t")
+    assert path == str(shapes_image)
+    model = ShowTellRL.from_pretrained(folder).eval()
+    assert caption == _caption(model, CaptionProcessor.from_pretrained(folder), shapes_image)
+
+
+@pytest.mark.slow
+@captioners
+def test_checkpoint_reproduces_the_scores_of_its_card(name):
+    card = ModelCard.load(CHECKPOINTS / name / "README.md")
+    reported = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    model = ShowTellRL.from_pretrained(CHECKPOINTS / name).eval()
+    processor = CaptionProcessor.from_pretrained(CHECKPOINTS / name)
+    config = ShowTellRLConfig.from_pretrained(CHECKPOINTS / name)
+    shapes = load_shapes(4000, 200, 500, image_size=config.image_size, seed=0)  # the recipes' defaults
+    # the XE card scores greedy captions, the spider_pg card beam-search ones (its recipe's evaluation)
+    num_beams = 1 if name.endswith("-xe") else 3
+    scores = evaluate_model(model, processor, shapes["test"], metrics=("cider", "bleu"), num_beams=num_beams)
+    assert scores["CIDEr"] == pytest.approx(reported["CIDEr-D"], abs=1e-3)
+    assert scores["object_f1"] == pytest.approx(reported["Object F1 (colour+shape)"], abs=1e-3)

@@ -178,12 +178,14 @@ def test_precomputed_features_encoder():
         model(random_captions(2, 4), image_features=torch.randn(2, 7))
 
 
+TINY_VIT = dict(
+    model_type="vit", image_size=16, patch_size=8, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+    intermediate_size=32,
+)  # fmt: skip
+
+
 def test_transformers_backbone_encoder_frozen():
-    backbone_config = dict(
-        model_type="vit", image_size=16, patch_size=8, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32,
-    )  # fmt: skip
-    model = tiny_model(encoder_type="backbone", backbone_config=backbone_config, freeze_backbone=True)
+    model = tiny_model(encoder_type="backbone", backbone_config=TINY_VIT, freeze_backbone=True)
     model.train()
     ids = random_captions(2, 4)
     model(ids, pixel_values=random_pixels(2), labels=ids).loss.backward()
@@ -193,11 +195,7 @@ def test_transformers_backbone_encoder_frozen():
 
 
 def test_backbone_tokens_are_the_attention_grid():
-    backbone_config = dict(
-        model_type="vit", image_size=16, patch_size=8, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32,
-    )  # fmt: skip
-    model = tiny_model(encoder_type="backbone", backbone_config=backbone_config, image_attention=True)
+    model = tiny_model(encoder_type="backbone", backbone_config=TINY_VIT, image_attention=True)
     state = model.initial_state(random_pixels(2))
     assert state.image_grid.shape == (2, 5, 32)  # [CLS] + 2x2 patches, projected to hidden_size
     generated = model.generate(pixel_values=random_pixels(2), num_beams=2, max_length=6)

@@ -39,7 +39,7 @@ class DemoSettings:
     # four blocks: a 3x3 grid at 48 px, one feature cell per cell of the shapes layout for the attention to pick
     cnn_channels: tuple[int, ...] = (32, 64, 64, 64)
     hidden_size: int = 256
-    scene_pretraining_steps: int = 200
+    scene_pretraining_steps: int = 400
     # the pretrained encoder stays fixed: its features already name every cell's object, and steps are ~2x faster
     freeze_image_encoder: bool = True
     xe_epochs: float = 5

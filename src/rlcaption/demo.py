@@ -2,8 +2,9 @@
 The `make demo` / `rlcaption demo` job: on the embedded shapes dataset, pretrain a CNN image encoder on the scene
 annotations, train a ShowTellRL captioner that attends over its feature grid with teacher forcing (XE), continue with
 self-critical sequence training (SCST, CIDEr-D reward), and compare both on the test split the way every method of
-the library is judged: consensus metrics (CIDEr-D, BLEU-4) and grounding in the scene (object F1, generic captions,
-parse failures). Writes a picture of test images with both models' captions. Runs on a 2-core CPU in minutes.
+the library is judged: consensus metrics (CIDEr-D, BLEU-4), grounding in the scene (object F1, generic captions) and,
+with an evaluator CLIP that no reward used, CLIP-S and text-to-image retrieval. Writes a picture of test images with
+both models' captions. Runs on a 2-core CPU in minutes.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from .data import load_shapes
 from .data.shapes import most_specific_reference
 from .evaluation import caption_dataset, scene_grounding_scores
 from .gallery import save_caption_gallery
-from .metrics import evaluate_captions
+from .metrics import clip_retrieval, clip_score, evaluate_captions, load_clip
 from .models import ShowTellRL, ShowTellRLConfig
 from .processing import CaptionProcessor
 from .scene_pretraining import pretrain_image_encoder_on_scenes
 from .trainer import RLCaptionConfig, RLCaptionTrainer
 
-__all__ = ["DemoSettings", "run_demo", "score_captioner"]
+__all__ = ["DEFAULT_EVALUATOR_CLIP", "DemoSettings", "run_demo", "score_captioner"]
+
+# The project's evaluator CLIP (a checkpoint folder of this repository, or its Hub id): trained with another seed and
+# image tower than the reward CLIP, and never used as a reward here, so it judges captions without being gamed.
+DEFAULT_EVALUATOR_CLIP = "checkpoints/shapes-clip-evaluator"
 
 
 @dataclass
@@ -49,6 +54,7 @@ class DemoSettings:
     batch_size: int = 32
     num_samples_per_image: int = 5
     seed: int = 0
+    evaluator_clip: str | None = DEFAULT_EVALUATOR_CLIP
     num_gallery_images: int = 12
 
     @classmethod
@@ -80,20 +86,40 @@ def _train(model, processor, shapes, output_dir: str, settings: DemoSettings, **
     processor.save_pretrained(output_dir)
 
 
-def score_captioner(model, processor, test_split, num_beams: int) -> tuple[dict[str, float], dict]:
+def score_captioner(
+    model, processor, test_split, num_beams: int, evaluator_clip=None
+) -> tuple[dict[str, float], dict]:
     """
     Captions `test_split` (greedy when `num_beams` is 1) and scores the captions as the library judges every method.
 
     Returns:
-        `(scores, predictions)`: `CIDEr`, `Bleu_4` and the scene grounding keys when the split has a `scene` column;
-        `predictions` keyed by `image_id`.
+        `(scores, predictions)`: `CIDEr`, `Bleu_4`, the scene grounding keys when the split has a `scene` column, and,
+        with `evaluator_clip` (a loaded `(model, processor)` pair), `CLIP-S` and the retrieval recalls `t2i_R@1`, ...
+        of each image's caption among all the split's images; `predictions` keyed by `image_id`.
     """
     predictions, references = caption_dataset(
         model, processor, test_split, batch_size=100, do_sample=False, num_beams=num_beams, max_length=21
     )
     scores = evaluate_captions(predictions, references, metrics=["cider", "bleu"])
     scores.update(scene_grounding_scores(predictions, test_split))
+    if evaluator_clip is not None:
+        images = list(test_split["image"])
+        captions = [predictions[image_id] for image_id in test_split["image_id"]]
+        scores["CLIP-S"], _ = clip_score(images, captions, evaluator_clip)
+        scores.update(clip_retrieval(images, captions, evaluator_clip))
     return scores, predictions
+
+
+def _load_evaluator_clip(name_or_path: str | None):
+    if name_or_path is None:
+        return None
+    if not os.path.isdir(name_or_path) and os.path.sep in name_or_path:
+        print(
+            f"[demo] no evaluator CLIP at {name_or_path!r} (run from the repository root, or pass another folder or "
+            "Hub id): CLIP-S and retrieval are left out of the table."
+        )
+        return None
+    return load_clip(name_or_path)
 
 
 _COLUMNS = (  # (score key, header, width)
@@ -102,12 +128,14 @@ _COLUMNS = (  # (score key, header, width)
     ("object_f1", "object F1", 9),
     ("generic_share", "generic", 7),
     ("parse_failure_share", "parse failures", 14),
+    ("CLIP-S", "CLIP-S", 6),
+    ("t2i_R@1", "t2i R@1", 7),
 )
 
 
 def _print_table(results: dict[str, dict[str, float]], test_rows: int) -> None:
     columns = [column for column in _COLUMNS if any(column[0] in scores for scores in results.values())]
-    print(f"\nShapes test split ({test_rows} images)")
+    print(f"\nShapes test split ({test_rows} images); CLIP-S and text-to-image R@1 by the evaluator CLIP")
     print("| model | " + " | ".join(header for _, header, _ in columns) + " |")
     print("|---|" + "---|" * len(columns))
     for name, scores in results.items():
@@ -130,6 +158,7 @@ def run_demo(
     # (100 XE steps: 10 s with one thread, 119 s with two while a second process ran).
     torch.set_num_threads(1)
     start = time.perf_counter()
+    evaluator_clip = _load_evaluator_clip(settings.evaluator_clip)
 
     # 1. data and vocabulary
     shapes = load_shapes(
@@ -186,7 +215,7 @@ def run_demo(
     for name, trained in (("XE", xe_model.eval()), ("SCST", model.eval())):
         for decoding, num_beams in (("greedy", 1), ("beam 3", 3)):
             results[f"{name} {decoding}"], captions[f"{name} {decoding}"] = score_captioner(
-                trained, processor, shapes["test"], num_beams
+                trained, processor, shapes["test"], num_beams, evaluator_clip
             )
     _print_table(results, shapes["test"].num_rows)
 

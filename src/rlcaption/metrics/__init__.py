@@ -5,10 +5,13 @@ captions (`compute_bleu`, `compute_rouge_l`, `compute_cider_d`, `compute_meteor`
 corpus score and the per-image scores, and an `evaluate` module (`load_metric`). Diversity (`div_n`, `mbleu`,
 `self_bleu`, ...) and retrieval recall (`retrieval_recall`) sit beside them, as does the scene grounding of
 shapes captions (`scene_grounding`, `parse_shapes_caption`), which reads the vocabulary of `rlcaption.data.shapes`.
+The CLIP metrics (`clip_score`, `clip_retrieval`: CLIP-S and retrieval with any CLIP) import torch and transformers
+only when they are called.
 """
 
 from .bleu import compute_bleu, corpus_bleu_statistics
 from .cider import CiderD, DocumentFrequencies, compute_cider_d
+from .clip import CLIP_S_WEIGHT, clip_retrieval, clip_s, clip_score, embed_images, embed_texts, load_clip
 from .diversity import copy_rate, div_n, mbleu, self_bleu, set_diversity, vocabulary_size
 from .evaluation import AVAILABLE_METRICS, EVALUATE_MODULES, evaluate_captions, load_metric, tokenize_captions
 from .java import check_java, find_java
@@ -21,6 +24,7 @@ from .tokenization import PUNCTUATIONS, normalize_caption, tokenize_caption, tok
 
 __all__ = [
     "AVAILABLE_METRICS",
+    "CLIP_S_WEIGHT",
     "EVALUATE_MODULES",
     "PUNCTUATIONS",
     "SCENE_GROUNDING_KEYS",
@@ -29,6 +33,9 @@ __all__ = [
     "MeteorScorer",
     "check_java",
     "check_spice",
+    "clip_retrieval",
+    "clip_s",
+    "clip_score",
     "compute_bleu",
     "compute_cider_d",
     "compute_meteor",
@@ -38,9 +45,12 @@ __all__ = [
     "corpus_bleu_statistics",
     "div_n",
     "download_spice",
+    "embed_images",
+    "embed_texts",
     "evaluate_captions",
     "find_java",
     "ground_caption",
+    "load_clip",
     "load_metric",
     "mbleu",
     "normalize_caption",

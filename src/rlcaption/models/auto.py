@@ -11,6 +11,7 @@ for users without rlcaption, register the classes before saving:
 
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor
 
+from rlcaption.models.shapes_clip import ShapesCLIPConfig, ShapesCLIPModel
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig
 from rlcaption.processing import CaptionProcessor
 
@@ -20,3 +21,7 @@ AutoConfig.register(ShowTellRLConfig.model_type, ShowTellRLConfig, exist_ok=True
 AutoModel.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
 AutoModelForImageTextToText.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
 AutoProcessor.register(ShowTellRLConfig, CaptionProcessor, exist_ok=True)
+
+AutoConfig.register(ShapesCLIPConfig.model_type, ShapesCLIPConfig, exist_ok=True)
+AutoModel.register(ShapesCLIPConfig, ShapesCLIPModel, exist_ok=True)
+AutoProcessor.register(ShapesCLIPConfig, CaptionProcessor, exist_ok=True)

@@ -10,6 +10,7 @@
 """
 
 from .base import RewardFunc, check_reward_inputs, completion_texts, reward_name, row_keys
+from .clip_rewards import ClipScoreReward
 from .metric_rewards import (
     BleuReward,
     CiderReward,
@@ -39,4 +40,5 @@ __all__ = [
     "MeteorReward",
     "SpiceReward",
     "SpiderReward",
+    "ClipScoreReward",
 ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
+from transformers import initialization as init
 
 __all__ = [
     "ENCODER_TYPES",
@@ -70,6 +71,15 @@ class ConvImageEncoder(nn.Module):
         self.output_size = in_channels * final_side * final_side
         self.grid_feature_size = in_channels
         self.num_grid_positions = final_side * final_side
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """He initialisation of the conv layers, for the models' `_init_weights` (it skips weights already loaded)."""
+        # ReLU conv stacks trained from scratch need it; N(0, 0.02) makes activations vanish
+        for layer in self.blocks:
+            if isinstance(layer, nn.Conv2d):
+                init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
+                init.zeros_(layer.bias)
 
     def _feature_map(self, pixel_values: torch.FloatTensor) -> torch.FloatTensor:
         if pixel_values.shape[-2:] != (self.image_size, self.image_size):

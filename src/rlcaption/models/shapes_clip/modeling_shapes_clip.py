@@ -129,11 +129,7 @@ class ShapesCLIPPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         # Children are initialised before their parents, so the cases below override the generic N(0, 0.02).
         if isinstance(module, ConvImageEncoder):
-            # ReLU conv stacks trained from scratch need He initialisation; N(0, 0.02) makes activations vanish
-            for layer in module.blocks:
-                if isinstance(layer, nn.Conv2d):
-                    init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
-                    init.zeros_(layer.bias)
+            module.init_weights()
         elif isinstance(module, nn.GRU):
             for name, parameter in module.named_parameters():
                 if "weight" in name:

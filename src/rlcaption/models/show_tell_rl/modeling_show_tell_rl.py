@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder
@@ -165,11 +164,7 @@ class ShowTellRLPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, ConvImageEncoder):
-            # ReLU conv stacks trained from scratch need He initialisation; N(0, 0.02) makes activations vanish
-            for layer in module.blocks:
-                if isinstance(layer, nn.Conv2d):
-                    init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
-                    init.zeros_(layer.bias)
+            module.init_weights()
         elif not isinstance(module, nn.Conv2d) or not _is_inside_conv_encoder(self, module):
             super()._init_weights(module)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from rlcaption.hub import parameter_count
 from rlcaption.models.shapes_clip import ShapesCLIPModel
 
 __all__ = ["CLIP_MODEL_CARD_TEMPLATE", "render_clip_model_card", "retrieval_eval_results"]
@@ -113,7 +114,6 @@ def render_clip_model_card(
         eval_results=retrieval_eval_results(scores, dataset_type, dataset_name, dataset_split),
     )
     config = model.config
-    parameters = sum(parameter.numel() for parameter in model.parameters())
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path),
@@ -124,7 +124,7 @@ def render_clip_model_card(
         text_hidden_size=config.text_hidden_size,
         projection_dim=config.projection_dim,
         image_size=config.image_size,
-        num_parameters=f"{parameters / 1e6:.2f}M" if parameters >= 1e6 else f"{parameters / 1e3:.0f}k",
+        num_parameters=parameter_count(model),
         training_settings=dict(training_settings),
         dataset_name=dataset_name,
         dataset_split=dataset_split,

@@ -15,7 +15,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, create_repo, upload_folder
 from torch import nn
 
-__all__ = ["MODEL_CARD_TEMPLATE", "caption_eval_results", "publish_folder", "render_model_card"]
+__all__ = ["MODEL_CARD_TEMPLATE", "caption_eval_results", "parameter_count", "publish_folder", "render_model_card"]
 
 MODEL_CARD_TEMPLATE = Path(__file__).parent / "templates" / "show_tell_rl_model_card.md"
 
@@ -105,7 +105,8 @@ def caption_eval_results(
     ]
 
 
-def _parameter_count(model: nn.Module) -> str:
+def parameter_count(model: nn.Module) -> str:
+    """The number of parameters as a card shows it: `1.35M` or `446k`."""
     count = sum(parameter.numel() for parameter in model.parameters())
     return f"{count / 1e6:.2f}M" if count >= 1e6 else f"{count / 1e3:.0f}k"
 
@@ -164,7 +165,7 @@ def render_model_card(
         num_layers=config.num_layers,
         hidden_size=config.hidden_size,
         image_attention=getattr(config, "image_attention", False),
-        num_parameters=_parameter_count(model),
+        num_parameters=parameter_count(model),
         max_length=model.generation_config.max_length,
         training_summary=training_summary,
         training_settings=dict(training_settings),

@@ -53,7 +53,6 @@ def _model_and_processor(args, shapes) -> tuple[ShowTellRL, CaptionProcessor]:
         vocab_size=len(tokenizer),
         hidden_size=128,
         word_embedding_size=128,
-        baseline_hidden_size=128,
         image_size=args.image_size,
         cnn_channels=[16, 32, 32, 32],
         dropout=0.2,

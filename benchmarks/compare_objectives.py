@@ -41,7 +41,7 @@ def _new_model(processor: CaptionProcessor, image_size: int, seed: int) -> ShowT
     torch.manual_seed(seed)
     tokenizer = processor.tokenizer
     config = ShowTellRLConfig(
-        vocab_size=len(tokenizer), hidden_size=128, word_embedding_size=128, baseline_hidden_size=128,
+        vocab_size=len(tokenizer), hidden_size=128, word_embedding_size=128,
         image_size=image_size, cnn_channels=[16, 32, 32, 32], dropout=0.2, max_caption_length=21,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -64,7 +64,6 @@ def _new_model(processor: CaptionProcessor, script_args: ScriptArguments, max_ca
         vocab_size=len(tokenizer),
         hidden_size=script_args.hidden_size,
         word_embedding_size=script_args.hidden_size,
-        baseline_hidden_size=script_args.hidden_size,
         encoder_type="cnn",
         image_size=script_args.image_size,
         cnn_channels=script_args.cnn_channels,

@@ -130,7 +130,6 @@ def main():
         vocab_size=len(tokenizer),
         hidden_size=script_args.hidden_size,
         word_embedding_size=script_args.hidden_size,
-        baseline_hidden_size=script_args.hidden_size,
         encoder_type="cnn",
         image_size=script_args.image_size,
         cnn_channels=script_args.cnn_channels,

@@ -16,7 +16,6 @@ def tiny_model() -> ShowTellRL:
         word_embedding_size=16,
         image_size=16,
         cnn_channels=[4, 8],
-        baseline_hidden_size=8,
     )
     return ShowTellRL(config)
 

@@ -24,7 +24,6 @@ def make_show_tell(
         image_size=image_size,
         cnn_channels=[8, 8, 16, 16],
         image_attention=image_attention,
-        baseline_hidden_size=16,
         dropout=dropout,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

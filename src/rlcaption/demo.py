@@ -174,7 +174,6 @@ def run_demo(
         vocab_size=len(tokenizer),
         hidden_size=settings.hidden_size,
         word_embedding_size=settings.hidden_size,
-        baseline_hidden_size=settings.hidden_size,
         encoder_type="cnn",
         image_size=settings.image_size,
         cnn_channels=list(settings.cnn_channels),

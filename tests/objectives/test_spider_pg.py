@@ -9,6 +9,7 @@ from rlcaption.data import load_shapes
 from rlcaption.decoding import caption_token_mask, generate_captions
 from rlcaption.objectives.spider_pg import (
     Rollouts,
+    SpiderPGBaseline,
     monte_carlo_q_values,
     rollout_prefixes,
     sample_rollouts,
@@ -178,21 +179,20 @@ def test_rollouts_continue_the_policy_from_the_prefix_state(processor, pixel_val
 
 def test_baseline_loss_sends_no_gradient_into_the_lstm_or_encoder(processor, pixel_values):
     model = make_show_tell(processor, IMAGE_SIZE, seed=1)
+    baseline = SpiderPGBaseline(model.config.hidden_size, 16)
     sequences, mask = sampled_captions(model, processor, pixel_values)
     q_values = torch.rand_like(mask) * mask
-    outputs = model(input_ids=sequences, pixel_values=pixel_values, output_baseline_values=True)
+    outputs = model(input_ids=sequences, pixel_values=pixel_values, output_hidden_states=True)
     log_probs = torch.log_softmax(outputs.logits[:, :-1], dim=-1).gather(-1, sequences[:, 1:, None]).squeeze(-1)
-    policy_loss, baseline_loss = spider_pg_losses(log_probs, outputs.baseline_values[:, :-1], q_values, mask, "token")
+    baseline_values = baseline(outputs.hidden_states[:, :-1])
+    policy_loss, baseline_loss = spider_pg_losses(log_probs, baseline_values, q_values, mask, "token")
 
     baseline_loss.backward(retain_graph=True)
-    for name, parameter in model.named_parameters():
-        if name.startswith("baseline_head"):
-            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
-        else:
-            assert parameter.grad is None, name
-    model.zero_grad(set_to_none=True)
+    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0 for parameter in baseline.parameters())
+    assert all(parameter.grad is None for parameter in model.parameters())
+    baseline.zero_grad(set_to_none=True)
     policy_loss.backward()
-    assert all(parameter.grad is None for parameter in model.baseline_head.parameters())
+    assert all(parameter.grad is None for parameter in baseline.parameters())
     assert model.lstm.weight_hh_l0.grad.abs().sum() > 0
     assert any(parameter.grad is not None for parameter in model.image_encoder.parameters())
 
@@ -219,26 +219,25 @@ def _draw(model, processor, pixel_values, seed):
         mask, word_count_reward(decode(processor, sequences)), rollouts,
         word_count_reward(decode(processor, rollouts.sequences)), 3,
     )  # fmt: skip
-    outputs = model(
-        input_ids=sequences, pixel_values=pixel_values, output_hidden_states=True, output_baseline_values=True
-    )
+    outputs = model(input_ids=sequences, pixel_values=pixel_values, output_hidden_states=True)
     log_probs = torch.log_softmax(outputs.logits[:, :-1], dim=-1).gather(-1, sequences[:, 1:, None]).squeeze(-1)
     return mask, q_values, outputs.hidden_states[:, :-1], log_probs
 
 
 def test_the_learned_baseline_lowers_the_variance_of_the_policy_gradient(processor, pixel_values):
     model = make_show_tell(processor, IMAGE_SIZE, seed=2)
-    # 1. fit the baseline head to Q on draws from the policy (the objective does this step by step)
+    baseline = SpiderPGBaseline(model.config.hidden_size, 16)
+    # 1. fit the baseline to Q on draws from the policy (the objective does this step by step)
     states, targets = [], []
     for seed in range(12):
         mask, q_values, hidden, _ = _draw(model, processor, pixel_values, seed)
         states.append(hidden.detach()[mask.bool()])
         targets.append(q_values[mask.bool()])
     states, targets = torch.cat(states), torch.cat(targets)  # (P, H), (P,)
-    optimizer = torch.optim.Adam(model.baseline_head.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(baseline.parameters(), lr=1e-2)
     for _ in range(300):
         optimizer.zero_grad()
-        loss = (model.baseline_values(states[None]).squeeze(0) - targets).pow(2).mean()
+        loss = (baseline(states[None]).squeeze(0) - targets).pow(2).mean()
         loss.backward()
         optimizer.step()
     model.zero_grad(set_to_none=True)
@@ -248,9 +247,9 @@ def test_the_learned_baseline_lowers_the_variance_of_the_policy_gradient(process
     with_baseline, without_baseline = [], []
     for seed in range(100, 124):
         mask, q_values, hidden, log_probs = _draw(model, processor, pixel_values, seed)
-        baseline_values = model.baseline_values(hidden)
-        for estimates, baseline in ((with_baseline, baseline_values), (without_baseline, torch.zeros_like(q_values))):
-            policy_loss, _ = spider_pg_losses(log_probs, baseline, q_values, mask, "sequence")
+        baseline_values = baseline(hidden)
+        for estimates, values in ((with_baseline, baseline_values), (without_baseline, torch.zeros_like(q_values))):
+            policy_loss, _ = spider_pg_losses(log_probs, values, q_values, mask, "sequence")
             gradients = torch.autograd.grad(policy_loss, parameters, retain_graph=True)
             estimates.append(torch.cat([gradient.flatten() for gradient in gradients]))
     variance_with = torch.stack(with_baseline).var(dim=0).sum()
@@ -297,10 +296,13 @@ def test_trainer_runs_spider_pg_and_updates_policy_and_baseline(processor, shape
     model = make_show_tell(processor, IMAGE_SIZE, seed=0)
     before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
     trainer = make_trainer(model, processor, shapes, tmp_path / "out", num_paths_per_image=2)
+    baseline_before = {name: tensor.clone() for name, tensor in trainer.auxiliary_state_dict().items()}
     trainer.train()
     changed = [name for name, parameter in model.named_parameters() if not torch.equal(before[name], parameter)]
     assert any(name.startswith("lstm") for name in changed)
-    assert any(name.startswith("baseline_head") for name in changed)
+    baseline_after = trainer.auxiliary_state_dict()
+    assert set(baseline_after) == {f"baseline.mlp.{layer}.{kind}" for layer in (0, 2) for kind in ("weight", "bias")}
+    assert all(not torch.equal(baseline_before[key], baseline_after[key]) for key in baseline_after)
     for key in ("reward", "reward/cider/mean", "rollout/cider/mean", "baseline_loss", "policy_loss", "q_mean"):
         values = logged(trainer, key)
         assert len(values) == 3 and all(math.isfinite(value) for value in values), key
@@ -318,22 +320,27 @@ def test_constant_reward_gives_zero_loss_once_the_baseline_predicts_it(processor
     # Q = 0.7 at every step; a baseline that outputs 0.7 zeroes both the advantage and its own squared error
     assert float(np.mean(trainer._recorded_metrics["q_mean"])) == pytest.approx(0.7)
     with torch.no_grad():
-        model.baseline_head[-1].weight.zero_()
-        model.baseline_head[-1].bias.fill_(0.7)
+        trainer.objective.baseline.mlp[-1].weight.zero_()
+        trainer.objective.baseline.mlp[-1].bias.fill_(0.7)
     assert trainer.compute_loss(model, batch).item() == pytest.approx(0.0, abs=1e-6)
 
 
-def test_resume_restores_the_baseline_head(processor, shapes, tmp_path):
+def test_resume_restores_the_baseline(processor, shapes, tmp_path):
     trained = make_show_tell(processor, IMAGE_SIZE, seed=0)
-    make_trainer(trained, processor, shapes, tmp_path, max_steps=2, save_strategy="steps", save_steps=2).train()
-    saved = load_file(str(tmp_path / "checkpoint-2" / "model.safetensors"))
-    assert any(name.startswith("baseline_head") for name in saved)
+    first = make_trainer(trained, processor, shapes, tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    first.train()
+    saved = load_file(str(tmp_path / "checkpoint-2" / "auxiliary_networks.safetensors"))
+    expected = {name: tensor.clone() for name, tensor in first.auxiliary_state_dict().items()}
+    assert set(saved) == set(expected)
+    # the baseline is the objective's, not the model's: the model's weights are those of a plain ShowTellRL
+    assert not any("baseline" in name for name in load_file(str(tmp_path / "checkpoint-2" / "model.safetensors")))
 
-    resumed = make_show_tell(processor, IMAGE_SIZE, seed=42)
-    assert not torch.equal(resumed.baseline_head[0].weight, trained.baseline_head[0].weight)
-    make_trainer(resumed, processor, shapes, tmp_path, max_steps=2).train(resume_from_checkpoint=True)
-    for name, parameter in trained.baseline_head.named_parameters():
-        torch.testing.assert_close(resumed.baseline_head.get_parameter(name), parameter, msg=name)
+    torch.manual_seed(42)
+    second = make_trainer(make_show_tell(processor, IMAGE_SIZE, seed=42), processor, shapes, tmp_path, max_steps=2)
+    assert not torch.equal(second.auxiliary_state_dict()["baseline.mlp.0.weight"], expected["baseline.mlp.0.weight"])
+    second.train(resume_from_checkpoint=True)
+    for name, tensor in second.auxiliary_state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], msg=name)
 
 
 def test_spider_pg_rejects_models_without_rollout_state(processor, shapes, tmp_path):

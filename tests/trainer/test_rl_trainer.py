@@ -229,29 +229,25 @@ def test_gradient_accumulation_averages_the_micro_batch_gradients(objective, tin
         )
 
 
-def test_baseline_head_gets_its_own_learning_rate(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+def test_spider_pg_baseline_is_an_auxiliary_network_with_its_own_learning_rate(
+    tiny_model, tiny_processor, tiny_shapes, tmp_path
+):
     trainer = make_trainer(
         tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="spider_pg", baseline_learning_rate=0.05,
         max_steps=2,
     )  # fmt: skip
-    before = parameters_of(tiny_model)
+    baseline = trainer.objective.baseline
+    before = {name: tensor.clone() for name, tensor in baseline.state_dict().items()}
     trainer.train()
     groups = trainer.optimizer.param_groups
-    baseline_groups = [group for group in groups if group.get("name") == "baseline_head"]
+    baseline_groups = [group for group in groups if group.get("name") == "auxiliary/baseline"]
     assert len(baseline_groups) == 1
-    baseline_ids = {id(parameter) for parameter in tiny_model.baseline_head.parameters()}
+    baseline_ids = {id(parameter) for parameter in baseline.parameters()}
     assert {id(parameter) for parameter in baseline_groups[0]["params"]} == baseline_ids
     assert all(
         id(p) not in baseline_ids for group in groups if group is not baseline_groups[0] for p in group["params"]
     )
     # the linear schedule scales both groups from their own starting rate
     assert baseline_groups[0]["initial_lr"] == pytest.approx(0.05)
-    changed = changed_parameters(before, tiny_model)
-    assert any(name.startswith("baseline_head") for name in changed)
-
-
-def test_baseline_learning_rate_needs_a_baseline_head(tiny_processor, tiny_shapes, tmp_path):
-    model = make_vision_encoder_decoder(tiny_processor, IMAGE_SIZE)
-    trainer = make_trainer(model, tiny_processor, tiny_shapes, tmp_path, objective="xe", baseline_learning_rate=0.05)
-    with pytest.raises(ValueError, match="no `baseline_head`"):
-        trainer.create_optimizer()
+    assert baseline_groups[0]["weight_decay"] == 0.0
+    assert all(not torch.equal(before[name], tensor) for name, tensor in baseline.state_dict().items())

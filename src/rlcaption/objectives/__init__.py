@@ -1,14 +1,23 @@
 """Training objectives, one module each; importing this package registers the built-in ones."""
 
-from .base import CaptionObjective, available_objectives, get_objective_class, register_objective
+from .base import (
+    AuxiliaryNetwork,
+    CaptionObjective,
+    TrainingPhase,
+    available_objectives,
+    get_objective_class,
+    register_objective,
+)
 from .scst import SCSTObjective, policy_gradient_loss
 from .spider_pg import SpiderPGObjective
 from .xe import XEObjective
 
 __all__ = [
+    "AuxiliaryNetwork",
     "CaptionObjective",
     "SCSTObjective",
     "SpiderPGObjective",
+    "TrainingPhase",
     "XEObjective",
     "available_objectives",
     "get_objective_class",

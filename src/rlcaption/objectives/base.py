@@ -1,7 +1,8 @@
-"""The interface every training objective implements, and the objective registry."""
+"""The interface every training objective implements, the networks and phases it may declare, and the registry."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -10,9 +11,53 @@ from torch import nn
 if TYPE_CHECKING:
     from ..trainer.rl_trainer import RLCaptionTrainer
 
-__all__ = ["CaptionObjective", "available_objectives", "get_objective_class", "register_objective"]
+__all__ = [
+    "AuxiliaryNetwork",
+    "CaptionObjective",
+    "TrainingPhase",
+    "available_objectives",
+    "get_objective_class",
+    "register_objective",
+]
 
 _OBJECTIVES: dict[str, type[CaptionObjective]] = {}
+
+
+@dataclass
+class AuxiliaryNetwork:
+    """
+    A network an objective trains besides the captioner: a baseline, a value network, a discriminator, a listener.
+
+    The trainer puts its trainable parameters into its one optimizer as their own parameter group, wraps it with
+    accelerate like the model (DDP keeps the replicas equal, mixed precision applies), saves it in every checkpoint
+    (`auxiliary_networks.safetensors`) and restores it on resume. Networks that are only read (a reward CLIP) are
+    not auxiliary networks: keep them in the reward, frozen, so they are never optimised nor written to checkpoints.
+
+    Args:
+        module (`nn.Module`): the network, with at least one trainable parameter.
+        learning_rate (`float`, *optional*): its learning rate; the config's `learning_rate` when `None`. The
+            trainer's scheduler scales it like the model's.
+        weight_decay (`float`, *optional*, defaults to 0.0): its weight decay.
+    """
+
+    module: nn.Module
+    learning_rate: float | None = None
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrainingPhase:
+    """
+    One phase of an objective's schedule, e.g. "pretrain the value network for 500 steps, then train jointly".
+
+    Args:
+        name (`str`): logged as the objective's current phase.
+        num_steps (`int`, *optional*): optimizer steps the phase lasts; `None` for the last phase, which lasts to the
+            end of training.
+    """
+
+    name: str
+    num_steps: int | None = None
 
 
 class CaptionObjective:
@@ -21,7 +66,11 @@ class CaptionObjective:
     (backward, accumulation, mixed precision, DDP, checkpoints, logging).
 
     Subclasses set `name`, say whether they use rewards, and implement [`compute_loss`]. They record scalars for
-    logging with `self.trainer.record_metric(name, value)`.
+    logging with `self.trainer.record_metric(name, value)`. An objective that trains more than the captioner returns
+    its networks from [`auxiliary_networks`] and reaches them, wrapped for the current run, with
+    `self.trainer.auxiliary_network(name)`. An objective in phases returns them from [`phases`]; the current one is
+    [`current_phase`], a function of the global step alone, so that a run resumed in the middle of a phase continues
+    in that phase.
     """
 
     name: ClassVar[str]
@@ -30,6 +79,26 @@ class CaptionObjective:
     def __init__(self, trainer: RLCaptionTrainer):
         self.trainer = trainer
         self.args = trainer.args
+
+    def auxiliary_networks(self) -> dict[str, AuxiliaryNetwork]:
+        """The networks this objective trains besides the captioner, by name; called once, after `__init__`."""
+        return {}
+
+    def phases(self) -> list[TrainingPhase]:
+        """The objective's schedule; one phase lasting the whole training by default."""
+        return [TrainingPhase(self.name)]
+
+    def current_phase(self) -> TrainingPhase:
+        """The phase of the current optimizer step (`trainer.state.global_step`)."""
+        step = self.trainer.state.global_step
+        phases = self.phases()
+        for phase in phases[:-1]:
+            if phase.num_steps is None:
+                raise ValueError(f"Phase {phase.name!r} of {self.name!r} has no num_steps but is not the last phase.")
+            if step < phase.num_steps:
+                return phase
+            step -= phase.num_steps
+        return phases[-1]
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """Returns the scalar loss of one batch (a per-batch mean; the trainer scales it for accumulation)."""

@@ -8,8 +8,8 @@ rollouts continue the prefix `g_{1:t}` with the current policy and
     Q(g_{1:t-1}, g_t) ≈ (1/K) Σ_k R(g_{1:t} ; g^k_{t+1:T})                      (paper, eq. 9)
 
 with Q = R(g_{1:T}) itself at the last step (the end token, or the last token at the maximum length). A baseline
-`B_phi(s_t)`, the model's MLP head on the detached LSTM hidden state, is fitted to Q by mean squared error, and the
-policy follows
+`B_phi(s_t)`, an MLP on the detached LSTM hidden state ([`SpiderPGBaseline`], an auxiliary network of the trainer), is
+fitted to Q by mean squared error, and the policy follows
 
     ∇θ V(s_0) ≈ Σ_t (Q(s_t, g_t) − B_phi(s_t)) ∇θ log π_θ(g_t | s_t).          (paper, eq. 12)
 
@@ -32,11 +32,12 @@ import torch
 from torch import nn
 
 from ..decoding import caption_token_mask, image_inputs_of, repeat_image_inputs
-from .base import CaptionObjective, register_objective
+from .base import AuxiliaryNetwork, CaptionObjective, register_objective
 from .scst import policy_gradient_loss
 
 __all__ = [
     "Rollouts",
+    "SpiderPGBaseline",
     "SpiderPGObjective",
     "monte_carlo_q_values",
     "rollout_prefixes",
@@ -277,7 +278,7 @@ def spider_pg_losses(
 
     Args:
         token_log_probs (`torch.FloatTensor` of shape `(N, T)`): log π(g_t | s_t) of the sampled tokens (with grad).
-        baseline_values (`torch.FloatTensor` of shape `(N, T)`): B_phi(s_t), computed on detached hidden states.
+        baseline_values (`torch.FloatTensor` of shape `(N, T)`): B_phi(s_t) ([`SpiderPGBaseline`]).
         q_values (`torch.FloatTensor` of shape `(N, T)`): the Monte-Carlo Q estimates ([`monte_carlo_q_values`]).
         token_mask (`torch.FloatTensor` of shape `(N, T)`): 1 on the captions' tokens.
         normalization: `token` or `sequence`, as in [`policy_gradient_loss`].
@@ -285,7 +286,7 @@ def spider_pg_losses(
     Returns:
         `(policy_loss, baseline_loss)`: `Σ_t (Q − B_phi) · −log π(g_t | s_t)` normalised like SCST, with the advantage
         detached (the policy term never trains the baseline); and the mean over tokens of `(Q − B_phi)²` (the
-        baseline term, whose gradient reaches only the baseline head).
+        baseline term, whose gradient reaches only the baseline).
     """
     advantages = q_values - baseline_values.detach()  # (N, T)
     policy_loss = policy_gradient_loss(token_log_probs, token_mask, advantages, normalization)
@@ -294,23 +295,46 @@ def spider_pg_losses(
     return policy_loss, baseline_loss
 
 
+class SpiderPGBaseline(nn.Module):
+    """
+    Seed 000's baseline `B_phi(s_t)`: an MLP from the captioner's hidden state after each token to a scalar.
+
+    Its input is detached, so its regression loss trains only this network, never the captioner.
+
+    Args:
+        hidden_size (`int`): width of the captioner's hidden states.
+        baseline_hidden_size (`int`): width of the MLP's hidden layer.
+    """
+
+    def __init__(self, hidden_size: int, baseline_hidden_size: int):
+        super().__init__()
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden_size, baseline_hidden_size), nn.ReLU(), nn.Linear(baseline_hidden_size, 1)
+        )
+
+    def forward(self, hidden_states: torch.FloatTensor) -> torch.FloatTensor:
+        """`(N, T, hidden_size)` hidden states -> `(N, T)` baseline values."""
+        return self.mlp(hidden_states.detach()).squeeze(-1)
+
+
 @register_objective
 class SpiderPGObjective(CaptionObjective):
     """
     Seed 000 policy gradient: `num_paths_per_image` (M) sampled captions per image, `num_rollouts` (K) Monte-Carlo
-    rollouts from each of their prefixes to estimate Q, the model's baseline head fitted to Q, and the loss
+    rollouts from each of their prefixes to estimate Q, the baseline ([`SpiderPGBaseline`]) fitted to Q, and the loss
     `policy_loss + baseline_loss_weight * baseline_loss` ([`spider_pg_losses`]). Rewards are the trainer's weighted
     mix (SPIDEr in the paper; `reward_funcs`).
 
-    The baseline head receives gradient only from its squared error (its input is detached inside the model) and the
+    The baseline receives gradient only from its squared error (its input is detached) and the
     LSTM only from the policy term, so one optimizer trains both. With Adam the head's step size is `learning_rate`
     whatever `baseline_loss_weight` is (Adam normalises the gradient's scale). The head starts untrained after XE: on
     the shapes recipe (learning rate 2e-4, batch 32) it reaches Q's mean within about 100 steps but explains little of
     Q's spread between states within one epoch (`baseline_explained_variance` in the logs stays near 0), so there it
     mainly centres the advantage. Watch that metric when choosing the learning rate.
 
-    Needs a recurrent model with `prefix_states`, `step` and a baseline head returned by
-    `forward(..., output_baseline_values=True)`, i.e. [`ShowTellRL`]; start from an XE checkpoint.
+    The baseline is the objective's auxiliary network `baseline` (own learning rate `baseline_learning_rate`, saved in
+    checkpoints, synchronised across processes). Needs a recurrent model with `prefix_states`, `step` and its hidden
+    states from `forward(..., output_hidden_states=True)`, i.e. [`ShowTellRL`]; start from an XE checkpoint.
     """
 
     name = "spider_pg"
@@ -326,16 +350,20 @@ class SpiderPGObjective(CaptionObjective):
             raise ValueError(f"baseline_loss_weight must be >= 0, got {args.baseline_loss_weight}.")
         model = trainer.accelerator.unwrap_model(trainer.model)
         missing = [name for name in ("prefix_states", "step") if not callable(getattr(model, name, None))]
-        if "output_baseline_values" not in inspect.signature(model.forward).parameters:
-            missing.append("forward(output_baseline_values=...)")
+        if "output_hidden_states" not in inspect.signature(model.forward).parameters:
+            missing.append("forward(output_hidden_states=...)")
         if missing:
             raise ValueError(
                 f"The spider_pg objective needs a recurrent captioner with {missing} (Monte-Carlo rollouts from the "
-                f"LSTM state and a baseline head); {type(model).__name__} has none of them. Use "
+                f"LSTM state, and the hidden states its baseline reads); {type(model).__name__} lacks them. Use "
                 "rlcaption.models.ShowTellRL, or the `scst` objective for other models."
             )
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         self.pad_token_id = tokenizer.pad_token_id
+        self.baseline = SpiderPGBaseline(model.config.hidden_size, args.baseline_hidden_size)
+
+    def auxiliary_networks(self) -> dict[str, AuxiliaryNetwork]:
+        return {"baseline": AuxiliaryNetwork(self.baseline, learning_rate=self.args.baseline_learning_rate)}
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer
@@ -378,13 +406,15 @@ class SpiderPGObjective(CaptionObjective):
             args.num_rollouts,
         )  # (N, T)
 
-        # 3. log π(g_t | s_t) and B_phi(s_t) from one forward pass with gradient (through the wrapped model)
+        # 3. log π(g_t | s_t) from one forward pass with gradient (through the wrapped model), B_phi(s_t) from its
+        # hidden states (through the wrapped baseline)
         outputs = model(
-            **image_inputs, input_ids=sequences, image_index=sample_index, use_cache=False, output_baseline_values=True
+            **image_inputs, input_ids=sequences, image_index=sample_index, use_cache=False, output_hidden_states=True
         )
         log_probs = torch.log_softmax(outputs.logits[:, :-1].float(), dim=-1)  # (N, T, V)
         token_log_probs = log_probs.gather(-1, sequences[:, 1:, None]).squeeze(-1)  # (N, T)
-        baseline_values = outputs.baseline_values[:, :-1].float()  # (N, T): B_phi(s_t), s_t = <bos> g_{1:t-1}
+        baseline = trainer.auxiliary_network("baseline")
+        baseline_values = baseline(outputs.hidden_states[:, :-1]).float()  # (N, T): B_phi(s_t), s_t = <bos> g_{1:t-1}
         policy_loss, baseline_loss = spider_pg_losses(
             token_log_probs, baseline_values, q_values, token_mask, args.loss_normalization
         )

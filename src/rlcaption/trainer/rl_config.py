@@ -105,16 +105,20 @@ class RLCaptionConfig(TrainingArguments):
     baseline_loss_weight: float = field(
         default=1.0,
         metadata={
-            "help": "Weight of the baseline head's mean squared error in the `spider_pg` loss. Only the head receives "
+            "help": "Weight of the baseline's mean squared error in the `spider_pg` loss. Only the baseline receives "
             "this gradient; with Adam its step size is set by `learning_rate`, not by this weight."
         },
     )
 
+    baseline_hidden_size: int = field(
+        default=512,
+        metadata={"help": "Hidden width of the `spider_pg` baseline, an MLP on the captioner's hidden state."},
+    )
     baseline_learning_rate: float | None = field(
         default=None,
         metadata={
-            "help": "Learning rate of the model's baseline head (its own optimizer parameter group, no weight "
-            "decay); `learning_rate` when unset. The baseline is a regression that can learn faster than the policy."
+            "help": "Learning rate of the `spider_pg` baseline (its own optimizer parameter group, no weight decay); "
+            "`learning_rate` when unset. The baseline is a regression that can learn faster than the policy."
         },
     )
 
@@ -126,10 +130,11 @@ class RLCaptionConfig(TrainingArguments):
     )
     # A recipe's loss is logged often enough to see RL progress on small datasets.
     logging_steps: float = field(default=10, metadata={"help": "Log every X update steps."})
-    # Auxiliary heads (the seed 000 baseline MLP, value networks) receive no gradient under objectives that do not
-    # use them; DDP must then look for unused parameters instead of waiting for their gradients forever.
+    # Parts of a network may receive no gradient in a step (an auxiliary network in another phase of its objective,
+    # a captioner's heads that an objective does not use); DDP must then look for unused parameters instead of
+    # waiting for their gradients forever.
     ddp_find_unused_parameters: bool | None = field(
-        default=True, metadata={"help": "Kept True: auxiliary heads are unused by some objectives."}
+        default=True, metadata={"help": "Kept True: some parameters are unused in some steps or objectives."}
     )
     # same annotation order as TrainingArguments: HfArgumentParser reads the type after NoneType in the union
     report_to: None | str | list[str] = field(
@@ -148,6 +153,8 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
+        if self.baseline_hidden_size < 1:
+            raise ValueError(f"baseline_hidden_size must be >= 1, got {self.baseline_hidden_size}.")
         if self.baseline_learning_rate is not None and self.baseline_learning_rate <= 0:
             raise ValueError(f"baseline_learning_rate must be > 0 or None, got {self.baseline_learning_rate}.")
         if self.temperature <= 0:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate.utils import gather_object
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -21,11 +22,11 @@ from ..data.collator import CaptionCollator
 from ..decoding import GeneratedCaptions, generate_captions
 from ..evaluation import caption_batches, scene_grounding_scores
 from ..metrics import evaluate_captions
-from ..objectives.base import get_objective_class
+from ..objectives.base import AuxiliaryNetwork, get_objective_class
 from ..rewards import RewardMix, get_reward
 from .rl_config import RLCaptionConfig
 
-__all__ = ["RLCaptionTrainer", "last_complete_checkpoint"]
+__all__ = ["AUXILIARY_NETWORKS_NAME", "RLCaptionTrainer", "forward_through", "last_complete_checkpoint"]
 
 logger = logging.get_logger(__name__)
 
@@ -33,6 +34,8 @@ logger = logging.get_logger(__name__)
 _REWARDS_WITH_DOCUMENT_FREQUENCIES = ("cider", "spider")
 # Files a checkpoint folder must hold to be resumable; the trainer state is written last.
 _CHECKPOINT_COMPLETE_MARKER = "trainer_state.json"
+# The objective's auxiliary networks, beside the model's weights in every checkpoint.
+AUXILIARY_NETWORKS_NAME = "auxiliary_networks.safetensors"
 
 RewardLike = str | Callable[..., list[float]]
 
@@ -54,6 +57,28 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
             f"Skipping incomplete checkpoint {folder} (no {_CHECKPOINT_COMPLETE_MARKER}; interrupted save)."
         )
     return None
+
+
+def forward_through(wrapped: nn.Module, method: str, *args: Any, **kwargs: Any) -> Any:
+    """
+    Calls `method` of the network inside `wrapped` (a DDP or accelerate wrapper) through the wrapper's `forward`.
+
+    DDP synchronises the gradients of what runs inside its `forward` only; a method called on the unwrapped network
+    (differentiable decoding, a value estimate) would leave each process with its own gradients. Without a wrapper
+    (one process) this is the plain method call.
+    """
+    module = getattr(wrapped, "module", wrapped)
+    if module is wrapped:
+        return getattr(module, method)(*args, **kwargs)
+    instance_forward = module.__dict__.get("forward")  # accelerate's mixed-precision forward, when there is one
+    module.forward = getattr(module, method)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if instance_forward is None:
+            del module.forward
+        else:
+            module.forward = instance_forward
 
 
 class RLCaptionTrainer(Trainer):
@@ -117,6 +142,71 @@ class RLCaptionTrainer(Trainer):
         if objective_class.uses_rewards:
             self.reward_mix = self._build_reward_mix(reward_funcs, train_dataset)
         self.objective = objective_class(self)
+        self._auxiliary_networks = self._checked_auxiliary_networks(self.objective.auxiliary_networks())
+        self._wrapped_auxiliary_networks: dict[str, nn.Module] = {}
+
+    # ------------------------------------------------------------------ auxiliary networks
+    def _checked_auxiliary_networks(self, networks: Mapping[str, AuxiliaryNetwork]) -> dict[str, AuxiliaryNetwork]:
+        model_parameters = {id(parameter) for parameter in self.model.parameters()}
+        for name, network in networks.items():
+            where = f"Auxiliary network {name!r} of the {self.args.objective!r} objective"
+            if not isinstance(network, AuxiliaryNetwork):
+                raise TypeError(f"{where} must be an AuxiliaryNetwork, got {type(network).__name__}.")
+            if not name.isidentifier():
+                raise ValueError(f"{where}: names must be Python identifiers (they prefix its checkpoint keys).")
+            if not any(parameter.requires_grad for parameter in network.module.parameters()):
+                raise ValueError(
+                    f"{where} has no trainable parameter. A network that is only read (a reward model) belongs in "
+                    "the reward, frozen; it is then never optimised nor saved in checkpoints."
+                )
+            if any(id(parameter) in model_parameters for parameter in network.module.parameters()):
+                raise ValueError(f"{where} shares parameters with the model; they would be optimised twice.")
+            network.module.to(self.args.device)
+        return dict(networks)
+
+    def auxiliary_network(self, name: str) -> nn.Module:
+        """
+        The objective's auxiliary network `name`, prepared by accelerate for this run (DDP across processes, mixed
+        precision): call it, or [`forward_through`] it, inside `compute_loss` so its gradients are synchronised. The
+        first call wraps it, on every process at the same step, since phases are a function of the step.
+        """
+        if name not in self._auxiliary_networks:
+            raise ValueError(
+                f"The {self.args.objective!r} objective declared no auxiliary network {name!r}; it has "
+                f"{sorted(self._auxiliary_networks)}."
+            )
+        if name not in self._wrapped_auxiliary_networks:
+            module = self._auxiliary_networks[name].module
+            self._wrapped_auxiliary_networks[name] = self.accelerator.prepare_model(module)
+        return self._wrapped_auxiliary_networks[name]
+
+    def auxiliary_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every auxiliary network's weights, keyed `<network>.<parameter>`, as checkpoints store them."""
+        return {
+            f"{name}.{key}": tensor.detach().contiguous().cpu()
+            for name, network in self._auxiliary_networks.items()
+            for key, tensor in network.module.state_dict().items()
+        }
+
+    def _save_auxiliary_networks(self, output_dir: str) -> None:
+        # written to a temporary name and renamed: a kill during the save never leaves a truncated file under the
+        # real name (and the checkpoint counts as complete only once the trainer state is written, after this)
+        path = os.path.join(output_dir, AUXILIARY_NETWORKS_NAME)
+        save_file(self.auxiliary_state_dict(), path + ".tmp", metadata={"format": "pt"})
+        os.replace(path + ".tmp", path)
+
+    def _load_auxiliary_networks(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, AUXILIARY_NETWORKS_NAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"{checkpoint} has no {AUXILIARY_NETWORKS_NAME}, but the {self.args.objective!r} objective trains "
+                f"{sorted(self._auxiliary_networks)}: resume from a checkpoint written by this objective."
+            )
+        saved = load_file(path)
+        for name, network in self._auxiliary_networks.items():
+            prefix = f"{name}."
+            weights = {key[len(prefix) :]: tensor for key, tensor in saved.items() if key.startswith(prefix)}
+            network.module.load_state_dict(weights, strict=True)
 
     # ------------------------------------------------------------------ rewards
     def _build_reward_mix(self, reward_funcs: RewardLike | Sequence[RewardLike] | None, train_dataset) -> RewardMix:
@@ -226,28 +316,24 @@ class RLCaptionTrainer(Trainer):
 
     # ------------------------------------------------------------------ optimizer
     def create_optimizer(self, model=None):
-        # The baseline head (seed 000) gets its own parameter group when `baseline_learning_rate` is set; it is
-        # created before the scheduler, which then schedules both groups alike.
+        # One parameter group per auxiliary network, with its own learning rate and weight decay, in the one
+        # optimizer: it is created before the scheduler, which then schedules every group alike, and its state is
+        # saved and restored with the model's.
         optimizer = super().create_optimizer(model)
-        learning_rate = self.args.baseline_learning_rate
-        if learning_rate is None or any(group.get("name") == "baseline_head" for group in optimizer.param_groups):
-            return optimizer
-        opt_model = self.model if model is None else model
-        baseline_ids = {
-            id(parameter) for name, parameter in opt_model.named_parameters() if "baseline_head." in f".{name}"
-        }
-        if not baseline_ids:
-            raise ValueError(
-                f"baseline_learning_rate={learning_rate} is set but {type(opt_model).__name__} has no "
-                "`baseline_head`; unset it for this model."
+        grouped = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
+        for name, network in self._auxiliary_networks.items():
+            parameters = [parameter for parameter in network.module.parameters() if parameter.requires_grad]
+            if any(id(parameter) in grouped for parameter in parameters):
+                continue  # the optimizer existed already
+            learning_rate = self.args.learning_rate if network.learning_rate is None else network.learning_rate
+            optimizer.add_param_group(
+                {
+                    "params": parameters,
+                    "lr": learning_rate,
+                    "weight_decay": network.weight_decay,
+                    "name": f"auxiliary/{name}",
+                }
             )
-        baseline_parameters = []
-        for group in optimizer.param_groups:
-            baseline_parameters += [parameter for parameter in group["params"] if id(parameter) in baseline_ids]
-            group["params"] = [parameter for parameter in group["params"] if id(parameter) not in baseline_ids]
-        optimizer.add_param_group(
-            {"params": baseline_parameters, "lr": learning_rate, "weight_decay": 0.0, "name": "baseline_head"}
-        )
         return optimizer
 
     # ------------------------------------------------------------------ loss and logging
@@ -320,6 +406,18 @@ class RLCaptionTrainer(Trainer):
         return captions, references
 
     # ------------------------------------------------------------------ checkpoints
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        # the model's weights, then the auxiliary networks: both precede the trainer state that marks a checkpoint
+        # complete
+        super()._save(output_dir, state_dict)
+        if self._auxiliary_networks:
+            self._save_auxiliary_networks(output_dir if output_dir is not None else self.args.output_dir)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if self._auxiliary_networks:
+            self._load_auxiliary_networks(resume_from_checkpoint)
+
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         # `True` resumes from the newest checkpoint written to the end, never from a half-written one.
         if resume_from_checkpoint is True:

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
 import rlcaption.models.auto  # noqa: F401  (registers the Auto classes)
@@ -23,7 +24,6 @@ def tiny_config(**overrides) -> ShowTellRLConfig:
         word_embedding_size=16,
         image_size=16,
         cnn_channels=[4, 8],
-        baseline_hidden_size=8,
         max_caption_length=8,
         dropout=0.1,
     )
@@ -111,16 +111,13 @@ def test_output_shapes_and_loss_matches_manual_cross_entropy():
 
 
 @WITH_AND_WITHOUT_ATTENTION
-def test_loss_backward_reaches_every_parameter_except_baseline(image_attention):
+def test_loss_backward_reaches_every_parameter(image_attention):
     model = tiny_model(num_layers=2, image_attention=image_attention)
     model.train()
     ids = random_captions(4, 5)
     model(ids, pixel_values=random_pixels(4), labels=ids).loss.backward()
     for name, parameter in model.named_parameters():
-        if name.startswith("baseline_head"):
-            assert parameter.grad is None, name
-        else:
-            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
 
 
 @WITH_AND_WITHOUT_ATTENTION
@@ -271,15 +268,20 @@ def test_attention_is_refused_for_precomputed_features():
         tiny_config(encoder_type="features", image_feature_size=12, image_attention=True)
 
 
-def test_baseline_values_send_no_gradient_into_the_lstm():
+def test_checkpoint_with_the_former_baseline_head_still_loads(tmp_path, caplog):
+    # before seed 000's baseline became an auxiliary network of `spider_pg`, it was saved with the model
     model = tiny_model()
-    ids = random_captions(2, 5)
-    out = model(ids, pixel_values=random_pixels(2), output_hidden_states=True)
-    values = model.baseline_values(out.hidden_states)
-    assert values.shape == (2, 5)
-    (values - 1.0).pow(2).sum().backward()
-    assert all(p.grad is not None for p in model.baseline_head.parameters())
-    assert all(p.grad is None for name, p in model.named_parameters() if not name.startswith("baseline_head"))
+    model.save_pretrained(tmp_path)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    weights["baseline_head.0.weight"] = torch.randn(8, model.config.hidden_size)
+    weights["baseline_head.0.bias"] = torch.randn(8)
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+
+    loaded, info = ShowTellRL.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"]
+    assert not any("baseline_head" in key for key in info["unexpected_keys"])
+    for (name, expected), actual in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        torch.testing.assert_close(actual, expected, msg=name)
 
 
 # ------------------------------------------------------------------ generate

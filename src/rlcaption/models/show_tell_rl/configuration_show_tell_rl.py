@@ -55,8 +55,6 @@ class ShowTellRLConfig(PretrainedConfig):
             LSTM output queries the grid cells (with learned position embeddings for the `"cnn"` encoder) and the
             word is predicted from both. Without it the image is read once, before `<bos>` (Show and Tell), which is
             too little to bind each colour to its shape. Not available with precomputed `"features"` (one vector).
-        baseline_hidden_size (`int`, *optional*, defaults to 512):
-            Hidden width of the MLP baseline on the LSTM state (seed 000, trained with `spider_pg`).
         max_caption_length (`int`, *optional*, defaults to 20):
             Default maximum length of generated sequences, `<bos>` included (written to the generation config).
         initializer_range (`float`, *optional*, defaults to 0.02):
@@ -94,7 +92,6 @@ class ShowTellRLConfig(PretrainedConfig):
         freeze_image_encoder: bool = False,
         image_feature_size: int | None = None,
         image_attention: bool = False,
-        baseline_hidden_size: int = 512,
         max_caption_length: int = 20,
         initializer_range: float = 0.02,
         pad_token_id: int = 0,
@@ -124,7 +121,6 @@ class ShowTellRLConfig(PretrainedConfig):
         self.freeze_image_encoder = freeze_image_encoder
         self.image_feature_size = image_feature_size
         self.image_attention = image_attention
-        self.baseline_hidden_size = baseline_hidden_size
         self.max_caption_length = max_caption_length
         self.initializer_range = initializer_range
         # the output projection (hidden_size wide) cannot share the word embeddings (word_embedding_size wide)
@@ -133,7 +129,7 @@ class ShowTellRLConfig(PretrainedConfig):
         self._validate_show_tell_fields()
 
     def _validate_show_tell_fields(self) -> None:
-        for name in ("vocab_size", "hidden_size", "word_embedding_size", "num_layers", "baseline_hidden_size"):
+        for name in ("vocab_size", "hidden_size", "word_embedding_size", "num_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ShowTellRLConfig.{name} must be a positive int, got {value!r}.")

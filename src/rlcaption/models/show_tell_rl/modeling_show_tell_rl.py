@@ -5,7 +5,7 @@ dropout; linear to the vocabulary. With `config.image_attention`, each LSTM outp
 feature grid and the word is predicted from both (Show, Attend and Tell). Generation (`model.generate`) runs on a
 recurrent state object ([`ShowTellRLState`]) instead of a key/value cache. The methods used by the RL objectives
 (log-probabilities of given captions, stepping the LSTM, the state after every prefix for Monte-Carlo rollouts, the
-MLP baseline) are plain methods with documented shapes.
+the hidden states seed 000's baseline reads) are plain methods with documented shapes.
 """
 
 from __future__ import annotations
@@ -138,18 +138,13 @@ class ShowTellRLOutput(ModelOutput):
         hidden_states (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*,
         returned when `output_hidden_states=True`):
             Top-layer LSTM output for each input token, combined with its attention read-out of the image grid when
-            `config.image_attention` (the input of the vocabulary projection and of the baseline head).
-        baseline_values (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*, returned when
-        `output_baseline_values=True`):
-            Seed 000 baseline `B_phi` after each input token, from the detached hidden states (see
-            [`ShowTellRL.baseline_values`]).
+            `config.image_attention` (the input of the vocabulary projection, and of seed 000's baseline).
     """
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     past_key_values: ShowTellRLState | None = None
     hidden_states: torch.FloatTensor | None = None
-    baseline_values: torch.FloatTensor | None = None
 
 
 class ShowTellRLPreTrainedModel(PreTrainedModel):
@@ -160,6 +155,8 @@ class ShowTellRLPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["ShowTellRL"]
     # a recurrent state cannot be rolled back, so assisted generation must refuse this model
     _is_stateful = True
+    # checkpoints written before seed 000's baseline became an auxiliary network of the `spider_pg` objective
+    _keys_to_ignore_on_load_unexpected = [r"^baseline_head\."]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -175,7 +172,7 @@ def _is_inside_conv_encoder(model: nn.Module, module: nn.Module) -> bool:
 
 
 class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
-    """Show-and-Tell LSTM captioner with the MLP baseline head of seed 000.
+    """Show-and-Tell LSTM captioner (seed 000), with attention over the image grid as an option.
 
     Decode with `model.generate(pixel_values=...)` (or `image_features=...` for the `"features"` encoder): greedy,
     sampling (`do_sample`, `temperature`, `top_k`, `top_p`), beam search (`num_beams`) and `num_return_sequences`
@@ -213,12 +210,6 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         )
         self.dropout = nn.Dropout(config.dropout)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
-        # seed 000: B_phi(s_t), an MLP on the LSTM hidden state; trained only through `baseline_values`
-        self.baseline_head = nn.Sequential(
-            nn.Linear(config.hidden_size, config.baseline_hidden_size),
-            nn.ReLU(),
-            nn.Linear(config.baseline_hidden_size, 1),
-        )
         self.post_init()
         if config.encoder_type == "backbone" and config.use_pretrained_backbone:
             # after post_init, which would otherwise re-initialise the pretrained weights
@@ -436,7 +427,6 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         image_index: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
-        output_baseline_values: bool = False,
         return_dict: bool | None = None,
     ) -> ShowTellRLOutput | tuple:
         r"""
@@ -465,10 +455,6 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                 mode, where the state is not needed and right-padded batches take a faster path.
             output_hidden_states (`bool`, *optional*):
                 Return the top-layer LSTM outputs `(batch_size, sequence_length, hidden_size)`.
-            output_baseline_values (`bool`, *optional*, defaults to `False`):
-                Return the baseline head's values `(batch_size, sequence_length)` on the detached hidden states.
-                Computing them inside `forward` (rather than calling [`baseline_values`] afterwards) keeps the head
-                part of the forward pass that DDP tracks, so its gradients are synchronised across processes.
             return_dict (`bool`, *optional*):
                 Return a [`ShowTellRLOutput`] (default) or a tuple.
         """
@@ -511,7 +497,6 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             logits=logits,
             past_key_values=final_state if use_cache else None,
             hidden_states=outputs if output_hidden_states else None,
-            baseline_values=self.baseline_values(outputs) if output_baseline_values else None,
         )
         return output if return_dict else output.to_tuple()
 
@@ -587,13 +572,6 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         step_mask = None if attention_mask is None else attention_mask.bool()
         _, prefix_states, _ = self._decode_stepwise(self.word_embeddings(input_ids), state, step_mask)
         return prefix_states
-
-    def baseline_values(self, hidden_states: torch.FloatTensor) -> torch.FloatTensor:
-        """Seed 000 baseline `B_phi(s_t)` from LSTM hidden states `(batch_size, T, hidden_size)` -> `(batch_size, T)`.
-
-        The input is detached: the baseline's regression loss trains only `baseline_head`, never the LSTM.
-        """
-        return self.baseline_head(hidden_states.detach()).squeeze(-1)
 
     # ---------------------------------------------------------------- saving for trust_remote_code
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs) -> None:

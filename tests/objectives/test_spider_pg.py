@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from rlcaption.data import load_shapes
 from rlcaption.decoding import caption_token_mask, generate_captions
@@ -307,6 +308,34 @@ def test_trainer_runs_spider_pg_and_updates_policy_and_baseline(processor, shape
         values = logged(trainer, key)
         assert len(values) == 3 and all(math.isfinite(value) for value in values), key
     assert all(value > 0 for value in logged(trainer, "rollout_captions"))
+
+
+def test_baseline_pretraining_phase_keeps_the_policy_fixed_then_trains_both(processor, shapes, tmp_path):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    trainer = make_trainer(model, processor, shapes, tmp_path / "out", baseline_pretraining_steps=2, max_steps=3)
+    snapshots = []
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            snapshots.append(
+                (
+                    torch.cat([parameter.detach().flatten() for parameter in model.parameters()]).clone(),
+                    {name: tensor.clone() for name, tensor in trainer.auxiliary_state_dict().items()},
+                )
+            )
+
+    start = (
+        torch.cat([parameter.detach().flatten() for parameter in model.parameters()]).clone(),
+        {name: tensor.clone() for name, tensor in trainer.auxiliary_state_dict().items()},
+    )
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    states = [start, *snapshots]
+    for step in (1, 2):  # baseline pretraining: the policy is fixed, the baseline learns
+        assert torch.equal(states[step][0], states[step - 1][0]), step
+        assert not torch.equal(states[step][1]["baseline.mlp.0.weight"], states[step - 1][1]["baseline.mlp.0.weight"])
+    assert not torch.equal(states[3][0], states[2][0])  # then the policy gradient starts
+    assert logged(trainer, "objective_phase") == [0.0, 0.0, 1.0]
 
 
 def test_constant_reward_gives_zero_loss_once_the_baseline_predicts_it(processor, shapes, tmp_path):

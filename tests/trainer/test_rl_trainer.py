@@ -9,7 +9,7 @@ from conftest import IMAGE_SIZE, make_tiny_model
 from safetensors.torch import load_file
 
 from rlcaption.data import CaptionCollator
-from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, forward_through
 from tiny_captioners import make_vision_encoder_decoder
 
 
@@ -251,3 +251,44 @@ def test_spider_pg_baseline_is_an_auxiliary_network_with_its_own_learning_rate(
     assert baseline_groups[0]["initial_lr"] == pytest.approx(0.05)
     assert baseline_groups[0]["weight_decay"] == 0.0
     assert all(not torch.equal(before[name], tensor) for name, tensor in baseline.state_dict().items())
+
+
+def test_resuming_a_finished_run_changes_nothing(tiny_processor, tiny_shapes, tmp_path):
+    model = make_tiny_model(tiny_processor, seed=5)
+    settings = {"objective": "xe", "max_steps": 2, "save_strategy": "steps", "save_steps": 2}
+    make_trainer(model, tiny_processor, tiny_shapes, tmp_path, **settings).train()
+    restarted = make_tiny_model(tiny_processor, seed=6)
+    trainer = make_trainer(restarted, tiny_processor, tiny_shapes, tmp_path, **settings)
+    output = trainer.train(resume_from_checkpoint=True)
+    # the Trainer alone would take a third step and write checkpoint-3
+    assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-2"]
+    assert output.global_step == 2 and trainer.state.global_step == 2
+    for (name, expected), actual in zip(model.named_parameters(), restarted.parameters(), strict=True):
+        torch.testing.assert_close(actual, expected, msg=name)
+
+
+class _Wrapper(torch.nn.Module):
+    """Stands for DDP: only what runs inside its forward is synchronised."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.forward_calls = 0
+
+    def forward(self, *args, **kwargs):
+        self.forward_calls += 1
+        return self.module(*args, **kwargs)
+
+
+def test_forward_through_runs_a_method_inside_the_wrapper_forward(tiny_processor):
+    model = make_tiny_model(tiny_processor)
+    wrapper = _Wrapper(model)
+    ids = torch.tensor([[1, 5, 6]])
+    pixels = torch.zeros(1, 3, 48, 48)
+    through = forward_through(wrapper, "caption_log_probs", ids, pixel_values=pixels)
+    torch.testing.assert_close(through, model.caption_log_probs(ids, pixel_values=pixels))
+    assert wrapper.forward_calls == 1
+    assert "forward" not in model.__dict__  # the model's own forward is back
+    assert model(input_ids=ids, pixel_values=pixels).logits.shape == (1, 3, model.config.vocab_size)
+    # without a wrapper it is the plain method call
+    torch.testing.assert_close(forward_through(model, "caption_log_probs", ids, pixel_values=pixels), through)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..decoding import caption_token_mask, image_inputs_of, repeat_image_inputs
-from .base import AuxiliaryNetwork, CaptionObjective, register_objective
+from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .scst import policy_gradient_loss
 
 __all__ = [
@@ -325,16 +325,19 @@ class SpiderPGObjective(CaptionObjective):
     `policy_loss + baseline_loss_weight * baseline_loss` ([`spider_pg_losses`]). Rewards are the trainer's weighted
     mix (SPIDEr in the paper; `reward_funcs`).
 
-    The baseline receives gradient only from its squared error (its input is detached) and the
-    LSTM only from the policy term, so one optimizer trains both. With Adam the head's step size is `learning_rate`
-    whatever `baseline_loss_weight` is (Adam normalises the gradient's scale). The head starts untrained after XE: on
-    the shapes recipe (learning rate 2e-4, batch 32) it reaches Q's mean within about 100 steps but explains little of
+    The baseline receives gradient only from its squared error (its input is detached) and the LSTM only from the
+    policy term, so one optimizer trains both. With Adam the baseline's step size is its learning rate whatever
+    `baseline_loss_weight` is (Adam normalises the gradient's scale). The baseline starts untrained after XE: on the
+    shapes recipe (learning rate 2e-4, batch 32) it reaches Q's mean within about 100 steps but explains little of
     Q's spread between states within one epoch (`baseline_explained_variance` in the logs stays near 0), so there it
     mainly centres the advantage. Watch that metric when choosing the learning rate.
 
     The baseline is the objective's auxiliary network `baseline` (own learning rate `baseline_learning_rate`, saved in
-    checkpoints, synchronised across processes). Needs a recurrent model with `prefix_states`, `step` and its hidden
-    states from `forward(..., output_hidden_states=True)`, i.e. [`ShowTellRL`]; start from an XE checkpoint.
+    checkpoints, synchronised across processes). With `baseline_pretraining_steps`, training opens with a phase that
+    fits only the baseline, the policy fixed; the policy gradient starts after it.
+
+    Needs a recurrent model with `prefix_states`, `step` and its hidden states from
+    `forward(..., output_hidden_states=True)`, i.e. [`ShowTellRL`]; start from an XE checkpoint.
     """
 
     name = "spider_pg"
@@ -364,6 +367,12 @@ class SpiderPGObjective(CaptionObjective):
 
     def auxiliary_networks(self) -> dict[str, AuxiliaryNetwork]:
         return {"baseline": AuxiliaryNetwork(self.baseline, learning_rate=self.args.baseline_learning_rate)}
+
+    def phases(self) -> list[TrainingPhase]:
+        joint = TrainingPhase("policy_gradient")
+        if self.args.baseline_pretraining_steps == 0:
+            return [joint]
+        return [TrainingPhase("baseline_pretraining", self.args.baseline_pretraining_steps), joint]
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer
@@ -407,10 +416,13 @@ class SpiderPGObjective(CaptionObjective):
         )  # (N, T)
 
         # 3. log π(g_t | s_t) from one forward pass with gradient (through the wrapped model), B_phi(s_t) from its
-        # hidden states (through the wrapped baseline)
-        outputs = model(
-            **image_inputs, input_ids=sequences, image_index=sample_index, use_cache=False, output_hidden_states=True
-        )
+        # hidden states (through the wrapped baseline); while the baseline is pretrained, the policy is fixed
+        pretraining_baseline = self.current_phase().name == "baseline_pretraining"
+        with torch.no_grad() if pretraining_baseline else nullcontext():
+            outputs = (policy if pretraining_baseline else model)(
+                **image_inputs, input_ids=sequences, image_index=sample_index, use_cache=False,
+                output_hidden_states=True,
+            )  # fmt: skip
         log_probs = torch.log_softmax(outputs.logits[:, :-1].float(), dim=-1)  # (N, T, V)
         token_log_probs = log_probs.gather(-1, sequences[:, 1:, None]).squeeze(-1)  # (N, T)
         baseline = trainer.auxiliary_network("baseline")
@@ -419,6 +431,8 @@ class SpiderPGObjective(CaptionObjective):
             token_log_probs, baseline_values, q_values, token_mask, args.loss_normalization
         )
         self._record(token_mask, q_values, baseline_values.detach(), policy_loss, baseline_loss, rollouts)
+        if pretraining_baseline:
+            return baseline_loss
         return policy_loss + args.baseline_loss_weight * baseline_loss
 
     def _record(self, token_mask, q_values, baseline_values, policy_loss, baseline_loss, rollouts) -> None:

@@ -1,6 +1,12 @@
 """The training configuration and trainer."""
 
 from .rl_config import RLCaptionConfig
-from .rl_trainer import RLCaptionTrainer, last_complete_checkpoint
+from .rl_trainer import AUXILIARY_NETWORKS_NAME, RLCaptionTrainer, forward_through, last_complete_checkpoint
 
-__all__ = ["RLCaptionConfig", "RLCaptionTrainer", "last_complete_checkpoint"]
+__all__ = [
+    "AUXILIARY_NETWORKS_NAME",
+    "RLCaptionConfig",
+    "RLCaptionTrainer",
+    "forward_through",
+    "last_complete_checkpoint",
+]

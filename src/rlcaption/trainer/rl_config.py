@@ -110,6 +110,13 @@ class RLCaptionConfig(TrainingArguments):
         },
     )
 
+    baseline_pretraining_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Optimizer steps at the start of `spider_pg` that fit the baseline to Q with the policy fixed, "
+            "so that joint training starts with a baseline that explains Q (an untrained one only adds noise)."
+        },
+    )
     baseline_hidden_size: int = field(
         default=512,
         metadata={"help": "Hidden width of the `spider_pg` baseline, an MLP on the captioner's hidden state."},
@@ -153,6 +160,8 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
+        if self.baseline_pretraining_steps < 0:
+            raise ValueError(f"baseline_pretraining_steps must be >= 0, got {self.baseline_pretraining_steps}.")
         if self.baseline_hidden_size < 1:
             raise ValueError(f"baseline_hidden_size must be >= 1, got {self.baseline_hidden_size}.")
         if self.baseline_learning_rate is not None and self.baseline_learning_rate <= 0:

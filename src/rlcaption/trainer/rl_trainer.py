@@ -13,8 +13,8 @@ import torch
 from accelerate.utils import gather_object
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers import Trainer, TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from transformers.utils import logging
 
 from .. import objectives as _objectives  # noqa: F401  (registers the built-in objectives)
@@ -68,17 +68,26 @@ def forward_through(wrapped: nn.Module, method: str, *args: Any, **kwargs: Any) 
     (one process) this is the plain method call.
     """
     module = getattr(wrapped, "module", wrapped)
+    target = getattr(module, method)
     if module is wrapped:
-        return getattr(module, method)(*args, **kwargs)
+        return target(*args, **kwargs)
     instance_forward = module.__dict__.get("forward")  # accelerate's mixed-precision forward, when there is one
-    module.forward = getattr(module, method)
+
+    def restore_forward() -> None:
+        if instance_forward is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.forward = instance_forward
+
+    def forward_once(*call_args: Any, **call_kwargs: Any) -> Any:
+        restore_forward()  # the method may call the module's own forward
+        return target(*call_args, **call_kwargs)
+
+    module.forward = forward_once
     try:
         return wrapped(*args, **kwargs)
     finally:
-        if instance_forward is None:
-            del module.forward
-        else:
-            module.forward = instance_forward
+        restore_forward()
 
 
 class RLCaptionTrainer(Trainer):
@@ -346,6 +355,9 @@ class RLCaptionTrainer(Trainer):
                 "`trainer.train(resume_from_checkpoint=True)`."
             )
         self.record_metric("loss_" + self.args.objective, float(loss.detach()))
+        phases = self.objective.phases()
+        if len(phases) > 1:
+            self.record_metric("objective_phase", float(phases.index(self.objective.current_phase())))
         return (loss, None) if return_outputs else loss
 
     def record_metric(self, name: str, value: float) -> None:
@@ -427,4 +439,17 @@ class RLCaptionTrainer(Trainer):
                     f"No complete checkpoint found in {self.args.output_dir!r} to resume from; train without "
                     "`resume_from_checkpoint` or point it at a checkpoint folder."
                 )
+        if resume_from_checkpoint and self._reached_max_steps(resume_from_checkpoint):
+            # the Trainer would take one more step past `max_steps`: a run restarted after it ended must not change
+            logger.warning(f"{resume_from_checkpoint} is at max_steps={self.args.max_steps}: nothing left to train.")
+            self._load_from_checkpoint(resume_from_checkpoint)
+            self.state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, _CHECKPOINT_COMPLETE_MARKER))
+            train_losses = [entry["train_loss"] for entry in self.state.log_history if "train_loss" in entry]
+            return TrainOutput(self.state.global_step, train_losses[-1] if train_losses else float("nan"), {})
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _reached_max_steps(self, checkpoint: str) -> bool:
+        state_file = os.path.join(checkpoint, _CHECKPOINT_COMPLETE_MARKER)
+        if self.args.max_steps <= 0 or not os.path.isfile(state_file):
+            return False
+        return TrainerState.load_from_json(state_file).global_step >= self.args.max_steps

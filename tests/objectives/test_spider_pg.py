@@ -1,4 +1,5 @@
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -392,3 +393,25 @@ def test_spice_reward_stops_with_its_own_error_where_spice_cannot_run(processor,
     trainer = make_trainer(make_show_tell(processor, IMAGE_SIZE), processor, shapes, tmp_path, reward_funcs=["spider"])
     with pytest.raises((RuntimeError, FileNotFoundError), match="SPICE"):
         trainer.train()
+
+
+def test_resumed_spider_pg_equals_uninterrupted_training_in_either_phase(processor, shapes, tmp_path):
+    settings = {"max_steps": 4, "baseline_pretraining_steps": 2, "save_strategy": "steps", "save_steps": 1}
+    straight = make_trainer(
+        make_show_tell(processor, IMAGE_SIZE, seed=0), processor, shapes, tmp_path / "a", **settings
+    )
+    straight.train()
+    expected_model = {name: tensor.clone() for name, tensor in straight.model.state_dict().items()}
+    expected_baseline = {name: tensor.clone() for name, tensor in straight.auxiliary_state_dict().items()}
+    for resume_step in (1, 3):  # in the baseline pretraining phase, then in joint training
+        output_dir = tmp_path / f"resumed-from-{resume_step}"
+        output_dir.mkdir()
+        shutil.copytree(tmp_path / "a" / f"checkpoint-{resume_step}", output_dir / f"checkpoint-{resume_step}")
+        resumed = make_trainer(
+            make_show_tell(processor, IMAGE_SIZE, seed=9), processor, shapes, output_dir, **settings
+        )
+        resumed.train(resume_from_checkpoint=True)
+        for name, tensor in resumed.model.state_dict().items():
+            torch.testing.assert_close(tensor, expected_model[name], rtol=0, atol=0, msg=name)
+        for name, tensor in resumed.auxiliary_state_dict().items():
+            torch.testing.assert_close(tensor, expected_baseline[name], rtol=0, atol=0, msg=name)

@@ -13,7 +13,7 @@ import torch
 from accelerate.utils import gather_object
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import Trainer, TrainerState
+from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from transformers.utils import logging
 
@@ -90,6 +90,18 @@ def forward_through(wrapped: nn.Module, method: str, *args: Any, **kwargs: Any) 
         restore_forward()
 
 
+class _ResetAuxiliaryGradients(TrainerCallback):
+    """Zeroes the auxiliary networks' gradients after every optimizer step, as the Trainer zeroes the model's: without
+    it they would add up over the whole run."""
+
+    def __init__(self, networks: Mapping[str, AuxiliaryNetwork]):
+        self.networks = networks
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        for network in self.networks.values():
+            network.module.zero_grad(set_to_none=True)
+
+
 class RLCaptionTrainer(Trainer):
     """
     Trains a captioning model with the objective named by `args.objective` (`xe`, `scst`, ...).
@@ -153,6 +165,8 @@ class RLCaptionTrainer(Trainer):
         self.objective = objective_class(self)
         self._auxiliary_networks = self._checked_auxiliary_networks(self.objective.auxiliary_networks())
         self._wrapped_auxiliary_networks: dict[str, nn.Module] = {}
+        if self._auxiliary_networks:
+            self.add_callback(_ResetAuxiliaryGradients(self._auxiliary_networks))
 
     # ------------------------------------------------------------------ auxiliary networks
     def _checked_auxiliary_networks(self, networks: Mapping[str, AuxiliaryNetwork]) -> dict[str, AuxiliaryNetwork]:

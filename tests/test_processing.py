@@ -1,3 +1,4 @@
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -148,6 +149,37 @@ def test_arrays_and_tensors_in_either_channel_layout(processor):
         processor(images=np.full((16, 16, 3), 7.0))
     with pytest.raises(ValueError, match="Unsupported image type"):
         processor(images="image.png")
+
+
+def test_images_from_a_dataset_column_and_other_sequences(processor):
+    images = [Image.new("RGB", (20, 12), (255, 0, 0)), Image.new("RGB", (20, 12), (0, 0, 255))]
+    dataset = datasets.Dataset.from_dict({"image": images}, features=datasets.Features({"image": datasets.Image()}))
+    column = dataset["image"]
+    assert not isinstance(column, (list, tuple))  # datasets' lazily decoded Column
+    expected = processor(images=images)["pixel_values"]
+    assert expected.shape == (2, 3, 16, 16)
+    arrays = np.stack([np.asarray(image) for image in images])  # (2, H, W, 3): a batch, not one image
+    batches = {
+        "Column": column,
+        "tuple": tuple(images),
+        "generator": (image for image in images),
+        "array batch": arrays,
+        "tensor batch": torch.from_numpy(arrays).permute(0, 3, 1, 2),
+        "list of arrays": list(arrays),
+    }
+    for kind, batch in batches.items():
+        torch.testing.assert_close(processor(images=batch)["pixel_values"], expected, rtol=0, atol=0, msg=kind)
+
+
+def test_unsupported_images_name_the_bad_value(processor):
+    with pytest.raises(ValueError, match="Unsupported image type str"):
+        processor(images="image.png")
+    with pytest.raises(ValueError, match="Unsupported image type str"):
+        processor(images=["image.png"])
+    with pytest.raises(ValueError, match="Unsupported image type dict"):
+        processor(images={"path": "image.png", "bytes": None})
+    with pytest.raises(ValueError, match="empty batch of images"):
+        processor(images=[])
 
 
 def test_very_large_image_is_reduced_before_resizing(processor):

@@ -8,14 +8,14 @@ caption. The processor (`CaptionProcessor.from_pretrained`, `AutoProcessor.from_
 normalises; the bare tokenizer expects already-normalised text.
 
 Images go through a standard `transformers` image processor (`ViTImageProcessorPil`: resize, rescale, normalise)
-after being converted to 8-bit RGB here, whatever their mode (grayscale, 16-bit, CMYK, palette, RGBA composited on
-white, ...).
+after being converted to 8-bit RGB, whatever their mode, by [`rlcaption.data.images.convert_to_rgb`], the conversion
+the dataset loaders use (grayscale, 16-bit, float, CMYK, palette, transparency composited on white, ...).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
 from transformers.models.vit import ViTImageProcessorPil
 
+from rlcaption.data.images import convert_to_rgb
 from rlcaption.metrics.tokenization import normalize_caption
 
 __all__ = ["SPECIAL_TOKENS", "CaptionProcessor"]
@@ -65,28 +66,6 @@ def _check_captions(captions: Sequence) -> list[str]:
     return captions
 
 
-def _composite_on_white(rgba: np.ndarray) -> np.ndarray:
-    """`(H, W, 4)` uint8 -> `(H, W, 3)` uint8, transparent pixels shown on white."""
-    alpha = rgba[..., 3:4].astype(np.float32) / 255.0
-    rgb = rgba[..., :3].astype(np.float32) * alpha + 255.0 * (1.0 - alpha)
-    return np.round(rgb).astype(np.uint8)
-
-
-def _pil_to_rgb_array(image: Image.Image) -> np.ndarray:
-    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        # 16/32-bit integer and float grayscale: scale to 8 bits by the range the mode can hold
-        values = np.asarray(image, dtype=np.float64)
-        if image.mode == "F":
-            peak = 1.0 if values.max(initial=0.0) <= 1.0 else 255.0
-        else:
-            peak = 65535.0 if image.mode.startswith("I;16") or values.max(initial=0.0) > 255 else 255.0
-        gray = np.clip(np.round(values / peak * 255.0), 0, 255).astype(np.uint8)
-        return np.repeat(gray[..., None], 3, axis=-1)
-    if "A" in image.getbands() or "transparency" in image.info:
-        return _composite_on_white(np.asarray(image.convert("RGBA")))
-    return np.asarray(image.convert("RGB"))  # L, 1, P, CMYK, YCbCr, LAB, HSV, RGB
-
-
 def _array_to_rgb_array(array: np.ndarray) -> np.ndarray:
     if array.ndim == 2:
         array = array[..., None]
@@ -103,14 +82,22 @@ def _array_to_rgb_array(array: np.ndarray) -> np.ndarray:
         array = np.round(array * 255.0).astype(np.uint8)
     elif array.dtype != np.uint8:
         raise ValueError(f"Image arrays must be uint8 or float in [0, 1], got dtype {array.dtype}.")
-    channels = array.shape[-1]
-    if channels == 1:
-        return np.repeat(array, 3, axis=-1)
-    if channels == 4:
-        return _composite_on_white(array)
-    if channels == 3:
-        return array
-    raise ValueError(f"Image arrays must have 1, 3 or 4 channels, got shape {array.shape}.")
+    if array.shape[-1] not in (1, 3, 4):
+        raise ValueError(f"Image arrays must have 1, 3 or 4 channels, got shape {array.shape}.")
+    # gray, RGB or RGBA image, converted like PIL images of these modes
+    image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
+    return np.asarray(convert_to_rgb(image))
+
+
+def _image_list(images) -> list:
+    """One image or a batch of them (list, tuple, datasets `Column`, generator, `(batch, ...)` array) -> a list."""
+    if isinstance(images, (np.ndarray, torch.Tensor)):
+        return list(images) if images.ndim == 4 else [images]
+    # a str or bytes (a file path or encoded file) and a mapping (an undecoded datasets image) are one image each,
+    # rejected with their type by `_prepare_image`, not iterated over
+    if isinstance(images, Iterable) and not isinstance(images, (str, bytes, Mapping)):
+        return list(images)
+    return [images]
 
 
 class CaptionProcessor(ProcessorMixin):
@@ -187,17 +174,21 @@ class CaptionProcessor(ProcessorMixin):
 
     def _prepare_image(self, image) -> np.ndarray:
         if isinstance(image, Image.Image):
+            # Reduce after converting: box-averaging CMYK ink, alpha or palette indices is not averaging colours,
+            # and Pillow cannot reduce palette or 16-bit images at all.
+            rgb = convert_to_rgb(image)
             target = max(self.image_processor.size.get("height", 0), self.image_processor.size.get("width", 0))
-            factor = min(image.size) // (_MAX_OVERSIZE * target) if target else 0
+            factor = min(rgb.size) // (_MAX_OVERSIZE * target) if target else 0
             if factor >= 2:
-                image = image.reduce(factor)
-            return _pil_to_rgb_array(image)
+                rgb = rgb.reduce(factor)
+            return np.asarray(rgb)
         if isinstance(image, torch.Tensor):
             return _array_to_rgb_array(image.detach().cpu().numpy())
         if isinstance(image, np.ndarray):
             return _array_to_rgb_array(image)
         raise ValueError(
-            f"Unsupported image type {type(image).__name__}; pass PIL images, numpy arrays or torch tensors."
+            f"Unsupported image type {type(image).__name__}; pass PIL images, numpy arrays or torch tensors (open "
+            "image files with `rlcaption.data.open_image`)."
         )
 
     def __call__(
@@ -211,8 +202,9 @@ class CaptionProcessor(ProcessorMixin):
         """Prepare a batch.
 
         Args:
-            images: one image or a list (PIL images of any mode, `(H, W[, C])`/`(C, H, W)` uint8 or [0, 1] float
-                arrays or tensors).
+            images: one image or a batch: any iterable of images (a list, a tuple, the `image` column of a
+                `datasets.Dataset`, a generator) or a `(batch_size, ...)` array or tensor. Images are PIL images of
+                any mode, or `(H, W[, C])`/`(C, H, W)` uint8 or [0, 1] float arrays or tensors.
             text: one caption or a list; normalised like the metrics, then `<bos> w_1 ... <eos>`.
             max_length: truncate captions to this many tokens, `<bos>` and `<eos>` included.
             padding: `True`/"longest" pads to the longest caption, "max_length" to `max_length`, False not at all.
@@ -226,9 +218,11 @@ class CaptionProcessor(ProcessorMixin):
             raise ValueError("CaptionProcessor needs images, text or both.")
         data = {}
         if images is not None:
-            if not isinstance(images, (list, tuple)):
-                images = [images]
-            arrays = [self._prepare_image(image) for image in images]
+            arrays = [self._prepare_image(image) for image in _image_list(images)]
+            if not arrays:
+                raise ValueError(
+                    "CaptionProcessor got an empty batch of images; pass at least one image, or no images."
+                )
             pixel_values = self.image_processor(
                 arrays, return_tensors=return_tensors, input_data_format="channels_last"
             )["pixel_values"]

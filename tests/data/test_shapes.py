@@ -1,6 +1,9 @@
+import json
+import os
 import random
 import re
 from collections import Counter
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -239,11 +242,77 @@ def test_interrupted_write_leaves_no_trusted_cache(tmp_path, monkeypatch):
     assert dataset["train"].num_rows == 5 and path.is_dir()
 
 
+@pytest.mark.parametrize("bad_size", [0, -1, 2.5, True, "3"])
+@pytest.mark.parametrize("split", SPLITS)
+def test_every_split_needs_at_least_one_image(split, bad_size, tmp_path):
+    sizes = {"num_train": 3, "num_validation": 2, "num_test": 2, f"num_{split}": bad_size}
+    message = rf"num_{split} must be an integer of at least 1.*got {re.escape(repr(bad_size))}"
+    for _attempt in range(2):  # the refusal writes nothing, so a second call is refused the same way
+        with pytest.raises(ValueError, match=message):
+            load_shapes(cache_dir=tmp_path, **sizes)
+        assert list(tmp_path.iterdir()) == []
+
+
+def _remove_a_data_file(path):
+    os.remove(next(path.glob("train/*.arrow")))
+
+
+def _truncate_a_data_file(path):
+    data_file = next(path.glob("train/*.arrow"))
+    data_file.write_bytes(data_file.read_bytes()[:100])
+
+
+def _remove_the_split_list(path):
+    os.remove(path / "dataset_dict.json")
+
+
+def _list_no_data_files(path):
+    # what saving an empty split leaves: a split whose state lists no data file
+    state_file = path / "train" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["_data_files"] = []
+    state_file.write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize(
+    "damage", [_remove_a_data_file, _truncate_a_data_file, _remove_the_split_list, _list_no_data_files]
+)
+def test_a_broken_cache_entry_is_regenerated(damage, tmp_path):
+    sizes = {"num_train": 5, "num_validation": 2, "num_test": 2, "cache_dir": tmp_path}
+    captions = list(load_shapes(**sizes)["train"]["captions"])
+    path = shapes_cache_path(**sizes)
+    damage(path)
+    with pytest.raises((OSError, ValueError, LookupError)):
+        datasets.load_from_disk(str(path))
+    again = load_shapes(**sizes)
+    assert {split: again[split].num_rows for split in SPLITS} == {"train": 5, "validation": 2, "test": 2}
+    assert list(again["train"]["captions"]) == captions
+    assert [entry.name for entry in tmp_path.iterdir()] == [path.name]  # the broken copy is gone
+    datasets.load_from_disk(str(path))  # and the new one is complete
+
+
+def test_a_save_that_cannot_be_loaded_back_is_not_cached(tmp_path, monkeypatch):
+    original_save = datasets.DatasetDict.save_to_disk
+
+    def incomplete_save(self, dataset_path, **kwargs):
+        original_save(self, dataset_path, **kwargs)
+        _remove_a_data_file(Path(dataset_path))  # reports success, but a split cannot be read back
+
+    monkeypatch.setattr(datasets.DatasetDict, "save_to_disk", incomplete_save)
+    sizes = {"num_train": 5, "num_validation": 2, "num_test": 2, "cache_dir": tmp_path}
+    with pytest.raises(RuntimeError, match="cannot be loaded back"):
+        load_shapes(**sizes)
+    assert list(tmp_path.iterdir()) == []  # neither the cache entry nor the temporary directory remains
+
+    monkeypatch.setattr(datasets.DatasetDict, "save_to_disk", original_save)
+    assert load_shapes(**sizes)["train"].num_rows == 5
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"num_train": -1}, "num_train"),
-        ({"num_train": 0, "num_validation": 0, "num_test": 0}, "at least one image"),
+        ({"num_train": 0, "num_validation": 0, "num_test": 0}, "num_train must be an integer of at least 1"),
         ({"image_size": 8}, "image_size"),
     ],
 )

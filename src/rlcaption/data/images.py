@@ -2,13 +2,22 @@
 
 Conventions, shared by the dataset loaders and the processor:
 
-- **Colour modes** are converted to 8-bit RGB by `convert_to_rgb`: grayscale (`"1"`, `"L"`) is replicated over the
-  three channels; images with transparency (`"RGBA"`, `"LA"`, `"PA"`, palette images with a transparent colour) are
-  composited on a white background (the background of the shapes dataset and of most scanned or rendered images);
-  `"CMYK"` uses Pillow's conversion (no ICC colour management); 16-bit and 32-bit integer grayscale (`"I;16"`,
-  `"I;16B"`, `"I;16L"`, `"I"`, as Pillow decodes 16-bit PNG and TIFF files) is rescaled from [0, 65535] to
-  [0, 255]; float grayscale (`"F"`) is clipped to [0, 255]; palette (`"P"`) and other modes Pillow can convert are
-  converted directly.
+- **Colour modes** are converted to 8-bit RGB by `convert_to_rgb`, the one conversion used by the dataset loaders,
+  feature extraction and [`CaptionProcessor`] (so an image gives the same pixels whichever path it takes):
+  - grayscale (`"1"`, `"L"`) is replicated over the three channels;
+  - images with transparency are composited on a white background: modes with an alpha band (`"RGBA"`, `"LA"`,
+    `"PA"` and the premultiplied `"RGBa"`, `"La"`) and any image with a `transparency` entry (a palette image's
+    transparent index or per-entry alpha, the transparent colour of an `"L"` or `"RGB"` PNG);
+  - `"CMYK"` uses Pillow's conversion, `(255 - C) * (255 - K) / 255` per channel (no ICC colour management);
+  - 16-bit grayscale (`"I;16"`, `"I;16B"`, `"I;16L"`, `"I;16N"`) and 32-bit integer grayscale (`"I"`, how Pillow
+    holds 16-bit PNG and TIFF data once converted) are read on the 16-bit scale: `value / 257` maps [0, 65535] onto
+    [0, 255], rounded and clipped. The scale is the mode's, never the image's, so a dark 16-bit image stays dark;
+  - float grayscale (`"F"`) has no fixed scale in Pillow (float TIFF files, `Image.fromarray` of float arrays), and
+    both [0, 1] and [0, 255] are common: values are read as [0, 1] when the image's maximum is at most 1, else as
+    [0, 255], then rounded and clipped (negative values become 0). On the 0-255 scale an image whose maximum is 1
+    is black to the eye anyway, whereas reading a [0, 1] image on that scale would turn it black;
+  - palette images without transparency and the other modes Pillow can convert (`"YCbCr"`, `"LAB"`, `"HSV"`) use
+    Pillow's conversion.
 - **Truncated or corrupt files** raise a `ValueError` naming the file (Pillow's own message says only "image file is
   truncated").
 - **Very large images**: Pillow refuses to open an image of more than `2 * PIL.Image.MAX_IMAGE_PIXELS` pixels (about
@@ -34,8 +43,12 @@ __all__ = [
     "open_image",
 ]
 
+# Transparent pixels are shown on white rather than in the colour they happen to store (often black, so dropping the
+# alpha band shows content nobody saw): viewers and web pages mostly display them on white, so that is what captions
+# of web-collected images describe, and white is the background of the shapes dataset.
 WHITE = (255, 255, 255)
-_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_SIXTEEN_BIT_SCALE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_ALPHA_BANDS = frozenset({"A", "a"})
 _MAX_LISTED_PATHS = 5
 
 
@@ -52,6 +65,12 @@ def _decompression_bomb_message(path: str | os.PathLike, error: Exception) -> st
     )
 
 
+def _gray_to_rgb(values: np.ndarray) -> Image.Image:
+    """Grayscale values on the 0-255 scale (any float) -> an `"RGB"` image, rounded and clipped."""
+    eight_bit = np.clip(np.rint(values), 0, 255).astype(np.uint8)
+    return Image.fromarray(eight_bit).convert("RGB")
+
+
 def convert_to_rgb(image: Image.Image, background: tuple[int, int, int] = WHITE) -> Image.Image:
     """Convert an image of any common Pillow mode to 8-bit RGB (see the module docstring for each mode).
 
@@ -61,7 +80,8 @@ def convert_to_rgb(image: Image.Image, background: tuple[int, int, int] = WHITE)
             composited on.
 
     Returns:
-        `PIL.Image.Image`: an `"RGB"` image of the same size (the input itself if it already is RGB).
+        `PIL.Image.Image`: an `"RGB"` image of the same size (the input itself if it already is RGB without a
+        transparent colour).
 
     Raises:
         `ValueError`: if the image data is truncated or corrupt, or its mode cannot be converted.
@@ -74,22 +94,17 @@ def convert_to_rgb(image: Image.Image, background: tuple[int, int, int] = WHITE)
             "it, or remove it from the dataset."
         ) from error
     mode = image.mode
+    if mode in _SIXTEEN_BIT_SCALE_MODES:
+        # 65535 / 257 = 255: the full 16-bit range maps exactly onto the 8-bit range.
+        return _gray_to_rgb(np.asarray(image, dtype=np.float64) / 257.0)
+    if mode == "F":
+        values = np.asarray(image, dtype=np.float64)
+        return _gray_to_rgb(values * 255.0 if values.max(initial=0.0) <= 1.0 else values)
+    if _ALPHA_BANDS.intersection(image.getbands()) or "transparency" in image.info:
+        canvas = Image.new("RGBA", image.size, (*background, 255))
+        return Image.alpha_composite(canvas, image.convert("RGBA")).convert("RGB")
     if mode == "RGB":
         return image
-    if mode == "P" and "transparency" in image.info:
-        image, mode = image.convert("RGBA"), "RGBA"
-    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
-        rgba = image.convert("RGBA")
-        canvas = Image.new("RGBA", rgba.size, (*background, 255))
-        return Image.alpha_composite(canvas, rgba).convert("RGB")
-    if mode in _SIXTEEN_BIT_MODES:
-        # 65535 / 257 = 255: the full 16-bit range maps exactly onto the 8-bit range.
-        values = np.asarray(image, dtype=np.float64)
-        eight_bit = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)
-        return Image.fromarray(eight_bit, mode="L").convert("RGB")
-    if mode == "F":
-        eight_bit = np.clip(np.rint(np.asarray(image, dtype=np.float64)), 0, 255).astype(np.uint8)
-        return Image.fromarray(eight_bit, mode="L").convert("RGB")
     try:
         return image.convert("RGB")
     except ValueError as error:

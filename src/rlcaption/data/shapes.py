@@ -30,6 +30,7 @@ import os
 import random
 import shutil
 import tempfile
+import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -51,6 +52,13 @@ __all__ = [
     "shapes_cache_path",
     "shapes_features",
 ]
+
+logger = datasets.utils.logging.get_logger(__name__)
+
+# What `datasets.load_from_disk` raises for an incomplete or damaged directory: a missing file or folder (OSError),
+# a truncated data file or state (pyarrow's ArrowInvalid and JSONDecodeError are ValueErrors), a split listing no
+# data file (IndexError) or a state without an expected key (KeyError).
+_UNREADABLE_DATASET_ERRORS = (OSError, ValueError, LookupError)
 
 # Bump whenever generation, rendering or captions change: it is part of the cache key, so stale caches are ignored.
 SHAPES_FORMAT_VERSION = 3
@@ -464,10 +472,12 @@ def shapes_features() -> datasets.Features:
 
 def _validate_arguments(split_sizes: dict[str, int], image_size: int) -> None:
     for split, size in split_sizes.items():
-        if not isinstance(size, int) or size < 0:
-            raise ValueError(f"num_{split} must be a non-negative integer, got {size!r}.")
-    if sum(split_sizes.values()) == 0:
-        raise ValueError("load_shapes needs at least one image: num_train, num_validation and num_test are all 0.")
+        # bool is an int subclass, but `num_test=True` is a mistake, not one image
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(
+                f"num_{split} must be an integer of at least 1 (every split needs an image: `datasets` cannot load "
+                f"back an empty split it saved), got {size!r}."
+            )
     if not isinstance(image_size, int) or image_size < 3 * GRID_CELLS * 4:
         raise ValueError(
             f"image_size must be an integer of at least {3 * GRID_CELLS * 4} pixels so that small shapes stay "
@@ -525,10 +535,25 @@ def shapes_cache_path(
     return root / f"v{SHAPES_FORMAT_VERSION}-{key}"
 
 
+def _discard_directory(path: Path) -> None:
+    """Move `path` aside, then delete it, so that no process ever reads a half-deleted directory."""
+    doomed = path.with_name(f".{path.name}.discarded-{uuid.uuid4().hex}")
+    try:
+        os.replace(path, doomed)
+    except FileNotFoundError:
+        return  # another process discarded it first
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def save_dataset_atomically(dataset: datasets.Dataset | datasets.DatasetDict, final_path: str | os.PathLike) -> None:
-    """`save_to_disk` into a temporary sibling directory, then rename it: readers only ever see a complete dataset.
+    """`save_to_disk` into a temporary sibling directory, load it back, then rename it: readers only ever see a
+    complete dataset.
 
     If `final_path` appears meanwhile (another process saved the same dataset), that complete copy is kept.
+
+    Raises:
+        `RuntimeError`: if the saved copy cannot be loaded back (`save_to_disk` reports success for some datasets it
+            cannot reload, e.g. one with an empty split); nothing is left at `final_path`.
     """
     final_path = Path(final_path)
     final_path.parent.mkdir(parents=True, exist_ok=True)
@@ -537,6 +562,13 @@ def save_dataset_atomically(dataset: datasets.Dataset | datasets.DatasetDict, fi
     datasets.utils.disable_progress_bars()  # one bar per split for a few seconds of writing is noise
     try:
         dataset.save_to_disk(str(temporary_path))
+        try:
+            datasets.load_from_disk(str(temporary_path))  # memory-mapped: cheap, and the only proof it is readable
+        except _UNREADABLE_DATASET_ERRORS as error:
+            raise RuntimeError(
+                f"The dataset saved for {final_path} cannot be loaded back ({type(error).__name__}: {error}), so it "
+                "was not kept. Check the free disk space, and that no split of the dataset is empty."
+            ) from error
         try:
             os.replace(temporary_path, final_path)
         except OSError:
@@ -561,20 +593,24 @@ def load_shapes(
     """Generate (or load from the cache) the synthetic shapes captioning dataset.
 
     Args:
-        num_train (`int`, *optional*, defaults to 8000): number of training images.
-        num_validation (`int`, *optional*, defaults to 1000): number of validation images.
-        num_test (`int`, *optional*, defaults to 1000): number of test images.
+        num_train (`int`, *optional*, defaults to 8000): number of training images, at least 1.
+        num_validation (`int`, *optional*, defaults to 1000): number of validation images, at least 1.
+        num_test (`int`, *optional*, defaults to 1000): number of test images, at least 1.
         image_size (`int`, *optional*, defaults to 64): side of the square RGB images, in pixels (at least 36).
         seed (`int`, *optional*, defaults to 0): the dataset is a deterministic function of the arguments.
         cache_dir (`str` or `os.PathLike`, *optional*): directory holding the cached datasets; defaults to
             `datasets.config.HF_DATASETS_CACHE / "rlcaption_shapes"`. The cache is written atomically (a temporary
-            directory renamed into place), so an interrupted run never leaves a dataset a later run would trust.
+            directory, loaded back, then renamed into place), so an interrupted run never leaves a dataset a later
+            run would trust; an entry that cannot be loaded (damaged since) is regenerated.
 
     Returns:
         `datasets.DatasetDict`: splits `train`, `validation` and `test` with columns `image` (`datasets.Image`),
         `captions` (list of 5 `str`), `image_id` (`int`, unique across splits: train first, then validation, then
         test) and `scene` (list of objects with `shape`, `color`, `size`, grid `row` and `column`, and the jitter
         `x`, `y` within the cell in [-1, 1]).
+
+    Raises:
+        `ValueError`: if a split size is not an integer of at least 1 or `image_size` is too small; nothing is written.
 
     Example:
         ```python
@@ -587,6 +623,12 @@ def load_shapes(
     split_sizes = {"train": num_train, "validation": num_validation, "test": num_test}
     _validate_arguments(split_sizes, image_size)
     path = shapes_cache_path(num_train, num_validation, num_test, image_size, seed, cache_dir)
-    if not path.is_dir():
-        save_dataset_atomically(_generate(split_sizes, image_size, seed), path)
+    if path.is_dir():
+        try:
+            return datasets.load_from_disk(str(path))
+        except _UNREADABLE_DATASET_ERRORS as error:
+            # Written before saves were checked, or damaged since: regenerating gives the same dataset.
+            logger.warning(f"Regenerating the cached shapes dataset {path}: it cannot be loaded ({error!r}).")
+            _discard_directory(path)
+    save_dataset_atomically(_generate(split_sizes, image_size, seed), path)
     return datasets.load_from_disk(str(path))

@@ -8,12 +8,14 @@ from .models import ShapesCLIPConfig, ShapesCLIPModel, ShowTellRL, ShowTellRLCon
 from .processing import CaptionProcessor
 from .rewards import RewardMix, available_rewards, get_reward, register_reward
 from .trainer import RLCaptionConfig, RLCaptionTrainer
+from .word_passing import WORD_PASSING_MODES, PassedWords, decode_with_word_passing, soft_word_embeddings
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "CaptionCollator",
     "CaptionProcessor",
+    "PassedWords",
     "RLCaptionConfig",
     "RLCaptionTrainer",
     "RewardMix",
@@ -23,7 +25,9 @@ __all__ = [
     "ShowTellRLConfig",
     "ShowTellRLOutput",
     "ShowTellRLState",
+    "WORD_PASSING_MODES",
     "available_rewards",
+    "decode_with_word_passing",
     "evaluate_captions",
     "evaluate_model",
     "get_reward",
@@ -32,4 +36,5 @@ __all__ = [
     "load_karpathy",
     "load_shapes",
     "register_reward",
+    "soft_word_embeddings",
 ]

@@ -518,6 +518,69 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         logits = self._vocabulary_scores(top_hidden)  # (B, V)
         return logits, top_hidden, next_state
 
+    def decode_with_word_passing(
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        mode: str = "psst",
+        max_length: int | None = None,
+        rho: float = 0.25,
+        gumbel_temperature: float = 1.0,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ):
+        """Sample captions while passing differentiable word vectors to a listener (seed 004); for training only.
+
+        Each step passes a vector over the vocabulary (straight-through one-hot, Gumbel-softmax, or PSST's mix of the
+        full distribution and the one-hot) that the next step also reads as `w_t @ word_embeddings.weight`, so a
+        listener's loss backpropagates into the captioner. Test-time decoding stays discrete (`generate`). Dropout
+        follows the model's mode. Needs the `rlcaption` package (not part of the standalone remote code).
+
+        Args:
+            pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
+                Images (`"cnn"`/`"backbone"` encoders).
+            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
+                Precomputed features (`"features"` encoder).
+            mode (`str`, *optional*, defaults to `"psst"`):
+                One of `rlcaption.word_passing.WORD_PASSING_MODES`: `"st"`, `"gumbel"`, `"st_gumbel"`, `"psst"`,
+                `"psst_gumbel"` or `"reinforce"`.
+            max_length (`int`, *optional*):
+                Maximum caption length with `<bos>` included (at most `max_length - 1` steps); defaults to
+                `config.max_caption_length`.
+            rho (`float`, *optional*, defaults to 0.25):
+                PSST's probability of passing the full vector at a step, in `[0, 1]`.
+            gumbel_temperature (`float`, *optional*, defaults to 1.0):
+                Temperature of the Gumbel-softmax.
+            temperature (`float`, *optional*, defaults to 1.0):
+                Sampling temperature of the word distributions.
+            generator (`torch.Generator`, *optional*):
+                Source of the token samples, Gumbel noise and PSST coins, on the model's device.
+
+        Returns:
+            [`~rlcaption.word_passing.PassedWords`]: `words`, `probabilities` `(batch_size, num_steps, vocab_size)`;
+            `token_ids`, `step_mask`, `log_probs`, `soft_steps` `(batch_size, num_steps)`.
+        """
+        # imported here, guarded: the saved remote code of this model is standalone and does not ship the training
+        # helpers (transformers does not require imports inside a `try` to load remote code)
+        try:
+            from rlcaption.word_passing import decode_with_word_passing
+        except ImportError as error:
+            raise ImportError(
+                "decode_with_word_passing is a training helper of the rlcaption package: `pip install rlcaption`."
+            ) from error
+
+        return decode_with_word_passing(
+            self,
+            pixel_values=pixel_values,
+            image_features=image_features,
+            mode=mode,
+            max_length=max_length,
+            rho=rho,
+            gumbel_temperature=gumbel_temperature,
+            temperature=temperature,
+            generator=generator,
+        )
+
     def caption_log_probs(
         self,
         input_ids: torch.LongTensor,

@@ -436,7 +436,8 @@ class RLCaptionTrainer(Trainer):
         # the model's weights, then the auxiliary networks: both precede the trainer state that marks a checkpoint
         # complete
         super()._save(output_dir, state_dict)
-        if self._auxiliary_networks:
+        # `_save` runs on every process; the replicas are equal, so the main process writes them
+        if self._auxiliary_networks and self.args.should_save:
             self._save_auxiliary_networks(output_dir if output_dir is not None else self.args.output_dir)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:

@@ -288,6 +288,28 @@ def test_checkpoint_with_the_former_baseline_head_still_loads(tmp_path, caplog):
 
 
 @WITH_AND_WITHOUT_ATTENTION
+def test_several_captions_per_image_encode_each_image_once(image_attention):
+    model = tiny_model(image_attention=image_attention)
+    pixels = random_pixels(3)
+    encoded_rows = []
+    encode_images = model.encode_images
+
+    def counting_encode_images(pixel_values=None, image_features=None):
+        encoded_rows.append(pixel_values.shape[0])
+        return encode_images(pixel_values, image_features)
+
+    model.encode_images = counting_encode_images
+    torch.manual_seed(1)
+    sampled = model.generate(pixel_values=pixels, do_sample=True, top_k=0, num_return_sequences=4, max_length=8)
+    model.generate(pixel_values=pixels, num_beams=3, num_return_sequences=2, max_length=8)
+    assert encoded_rows == [3, 3]
+    # the same captions as from four copies of every image
+    torch.manual_seed(1)
+    repeated = model.generate(pixel_values=pixels.repeat_interleave(4, dim=0), do_sample=True, top_k=0, max_length=8)
+    assert torch.equal(sampled, repeated)
+
+
+@WITH_AND_WITHOUT_ATTENTION
 def test_greedy_generate_equals_hand_written_greedy_loop(image_attention):
     model = tiny_model(image_attention=image_attention)
     pixels = random_pixels(4)

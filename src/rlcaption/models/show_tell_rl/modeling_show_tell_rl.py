@@ -237,6 +237,27 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         # generate must not create a DynamicCache: the first forward returns a ShowTellRLState instead
         return False
 
+    def _expand_inputs_for_generation(
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None, **model_kwargs
+    ):
+        # Several captions per image (`num_return_sequences`, `num_beams`): each image is encoded once and its state
+        # shared by its captions through `image_index`, instead of encoding `expand_size` copies of the pixels. The
+        # images are read at the first step only; afterwards the recurrent state carries them.
+        image_inputs = {
+            name: model_kwargs.pop(name)
+            for name in ("pixel_values", "image_features")
+            if model_kwargs.get(name) is not None
+        }
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs
+        )
+        if expand_size > 1 and image_inputs:
+            images = next(iter(image_inputs.values()))
+            model_kwargs["image_index"] = torch.arange(images.shape[0], device=images.device).repeat_interleave(
+                expand_size
+            )
+        return input_ids, {**model_kwargs, **image_inputs}
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.word_embeddings
 

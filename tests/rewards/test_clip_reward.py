@@ -96,6 +96,44 @@ def test_each_image_is_embedded_once_per_call_and_cached_by_image_id():
     assert stub.image_calls == 4
 
 
+def test_score_groups_equals_the_call_on_flattened_rows(clip):
+    images = random_images(3)
+    # captions the random CLIP scores above 0 for these images, and differently for each image
+    groups = [[CAPTIONS[1], CAPTIONS[2]], [CAPTIONS[2], CAPTIONS[1], CAPTIONS[3]], [CAPTIONS[2]]]
+    rows = [0, 0, 1, 1, 1, 2]  # each completion's image
+    pixel_values = captioner_pixel_values(images)  # (3, 3, 16, 16): one row per image
+    grouped = ClipScoreReward(clip).score_groups(
+        completions=groups, references=[CAPTIONS] * 3, pixel_values=pixel_values, image_id=[10, 11, 12]
+    )
+    flat = ClipScoreReward(clip)(
+        completions=[caption for group in groups for caption in group],
+        references=[CAPTIONS] * 6,
+        pixel_values=pixel_values[rows],
+        image_id=[10 + row for row in rows],
+    )
+    assert [len(group) for group in grouped] == [2, 3, 1]
+    np.testing.assert_allclose([value for group in grouped for value in group], flat, rtol=0, atol=1e-6)
+    assert len(set(np.round(flat, 6))) > 3
+
+
+def test_score_groups_embeds_each_image_once_and_a_mix_passes_the_images_once():
+    stub = StubCLIP([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], {"left": [1.0, 0.0], "up": [0.0, 2.0]})
+    reward = ClipScoreReward((stub, StubProcessor(stub.texts)))
+    images = indexed_images(3)
+    groups = [["left", "up", "left"], ["up"], ["up", "left"]]
+    values = reward.score_groups(completions=groups, references=None, image=images)
+    assert stub.image_calls == 3  # no image_id: nothing cached, each image embedded once
+    assert values == [pytest.approx([2.5, 0.0, 2.5]), pytest.approx([2.5]), pytest.approx([2.5 / 2**0.5] * 2)]
+    total, components = RewardMix([reward], weights=[2.0]).score_groups(
+        completions=groups, references=None, image=images, image_id=[0, 1, 2]
+    )
+    assert stub.image_calls == 6
+    np.testing.assert_allclose(total, 2.0 * components["clip_score"])
+    np.testing.assert_allclose(components["clip_score"], [value for group in values for value in group])
+    with pytest.raises(ValueError, match="image holds 2 images for 3 images; pass one per image"):
+        reward.score_groups(completions=groups, references=None, image=images[:2])
+
+
 def test_reward_mixes_with_other_rewards_and_names_itself(clip):
     mix = RewardMix([ClipScoreReward(clip), "bleu"], weights=[1.0, 0.5])
     images = random_images(2)
@@ -125,13 +163,19 @@ def test_scst_training_with_the_clip_reward_gets_the_captioners_pixels(tmp_path)
     captioner_processor = CaptionProcessor.from_captions(shapes["train"]["captions"], image_size=48)
     clip_processor = CaptionProcessor.from_captions(shapes["train"]["captions"], image_size=16)
     reward = ClipScoreReward((make_shapes_clip(clip_processor), clip_processor))
-    seen = []
+    seen, seen_per_completion = [], []
 
-    def recording_reward(*, completions, references, **columns):
-        seen.append(columns)
-        return reward(completions=completions, references=references, **columns)
+    class RecordingReward:
+        __name__ = "clip_score"
 
-    recording_reward.__name__ = "clip_score"
+        def score_groups(self, *, completions, references, **image_columns):
+            seen.append((completions, image_columns))
+            return reward.score_groups(completions=completions, references=references, **image_columns)
+
+    def pixels_per_completion(*, completions, pixel_values, **columns):
+        seen_per_completion.append(pixel_values)
+        return [0.0] * len(completions)
+
     args = RLCaptionConfig(
         output_dir=str(tmp_path / "out"), use_cpu=True, objective="scst", per_device_train_batch_size=4, max_steps=1,
         num_samples_per_image=2, max_caption_length=8, save_strategy="no", logging_steps=1, disable_tqdm=True,
@@ -142,11 +186,19 @@ def test_scst_training_with_the_clip_reward_gets_the_captioners_pixels(tmp_path)
         args=args,
         processing_class=captioner_processor,
         train_dataset=shapes["train"],
-        reward_funcs=[recording_reward],
+        reward_funcs=[RecordingReward(), pixels_per_completion],
     )
     trainer.train()
-    assert seen and seen[0]["pixel_values"].shape[1:] == (3, 48, 48)
-    assert len(seen[0]["image_id"]) == len(seen[0]["pixel_values"])
+    # the set-level call gets the 4 images of the batch once each, with their 2 samples grouped
+    completions, image_columns = seen[0]
+    assert [len(group) for group in completions] == [2, 2, 2, 2]
+    assert image_columns["pixel_values"].shape == (4, 3, 48, 48)
+    assert len(image_columns["image_id"]) == 4
+    # a per-caption reward that names the pixels gets one row per caption, its image's
+    assert seen_per_completion[0].shape == (8, 3, 48, 48)
+    torch.testing.assert_close(
+        seen_per_completion[0], image_columns["pixel_values"].repeat_interleave(2, dim=0), rtol=0, atol=0
+    )
     rewards = [
         entry["reward/clip_score/mean"] for entry in trainer.state.log_history if "reward/clip_score/mean" in entry
     ]

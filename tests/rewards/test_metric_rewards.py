@@ -11,7 +11,7 @@ from metric_fixtures import java_problem, load_fakecap
 from rlcaption.metrics import spice
 from rlcaption.metrics.cider import DocumentFrequencies, compute_cider_d
 from rlcaption.metrics.tokenization import normalize_caption
-from rlcaption.rewards import CiderReward, SpiderReward, get_reward
+from rlcaption.rewards import CiderReward, SpiderReward, get_reward, prepare_reward
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +153,51 @@ def test_meteor_reward_equals_compute_meteor(fakecap_rows):
     _, theirs = compute_meteor(*tokenized(completions[:30], references[:30]))
     np.testing.assert_allclose(values[:30], [theirs[row] for row in range(30)], rtol=0, atol=1e-9)
     assert values[30] == 0.0
+
+
+def training_set(references, image_ids):
+    import datasets
+
+    return datasets.Dataset.from_dict({"captions": references, "image_id": image_ids})
+
+
+def training_set_without_captions():
+    import datasets
+
+    return datasets.Dataset.from_dict({"image_id": [1, 2], "scene": ["a", "b"]})
+
+
+@pytest.mark.parametrize("reward_class", [CiderReward, SpiderReward])
+def test_prepare_counts_the_document_frequencies_of_the_training_captions(monkeypatch, fakecap_rows, reward_class):
+    monkeypatch.setattr(spice, "compute_spice", lambda predictions, refs: (0.0, dict.fromkeys(predictions, 0.25)))
+    completions, references, image_ids = fakecap_rows
+    inputs = {"completions": completions[300:400], "references": references[300:400], "image_id": image_ids[300:400]}
+    unprepared = reward_class()(**inputs)  # frequencies of the batch's own references
+    prepared = reward_class()
+    prepare_reward(prepared, training_set(references[:300], image_ids[:300]), None)
+    explicit = reward_class(document_frequencies=references[:300])
+    np.testing.assert_array_equal(prepared(**inputs), explicit(**inputs))
+    assert not np.allclose(prepared(**inputs), unprepared)
+    # a later training set replaces frequencies counted by prepare
+    prepared.prepare(training_set(references[:50], image_ids[:50]), None)
+    cider = prepared.cider if reward_class is SpiderReward else prepared
+    assert cider.document_frequencies.num_documents == 50
+
+
+def test_prepare_keeps_document_frequencies_given_when_built(fakecap_rows):
+    _, references, image_ids = fakecap_rows
+    given = DocumentFrequencies.from_references([[normalize_caption(r) for r in refs] for refs in references[:20]])
+    reward = CiderReward(document_frequencies=given)
+    reward.prepare(training_set(references, image_ids), None)
+    reward.prepare(training_set_without_captions(), None)  # the dataset is not read at all
+    assert reward.document_frequencies is given and reward.scorer.document_frequencies is given
+
+
+@pytest.mark.parametrize("name", ["cider", "spider"])
+def test_prepare_without_a_captions_column_names_the_reward_and_the_fix(name):
+    reward = get_reward(name)
+    expected = rf"The '{name}' reward .* columns \['image_id', 'scene'\]\. Pass a training set with a `captions` col"
+    with pytest.raises(ValueError, match=expected + r".*document_frequencies="):
+        reward.prepare(training_set_without_captions(), None)
+    with pytest.raises(ValueError, match=rf"The '{name}' reward .* got no training dataset"):
+        prepare_reward(reward, None, None)

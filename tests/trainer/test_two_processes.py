@@ -1,20 +1,26 @@
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from rlcaption.trainer import last_complete_checkpoint
+
 HERE = Path(__file__).parent
 
 
-def test_scst_runs_in_two_cpu_processes_with_synchronised_weights(tmp_path):
+def launch_on_two_processes(script: str, *arguments: str) -> subprocess.CompletedProcess:
     accelerate = Path(sys.executable).with_name("accelerate")
+    with socket.socket() as probe:  # a fresh port: a killed run's port may still be held
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     command = [
         str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
-        str(HERE / "two_process_training.py"), str(tmp_path / "out"), str(tmp_path / "cache"),
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+        str(HERE / script), *arguments,
     ]  # fmt: skip
     env = {
         **os.environ,
@@ -22,7 +28,11 @@ def test_scst_runs_in_two_cpu_processes_with_synchronised_weights(tmp_path):
         "OMP_NUM_THREADS": "1",
         "CUDA_VISIBLE_DEVICES": "",
     }
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_scst_runs_in_two_cpu_processes_with_synchronised_weights(tmp_path):
+    result = launch_on_two_processes("two_process_training.py", str(tmp_path / "out"), str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr[-4000:]
     reports = [json.loads((tmp_path / "out" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for report in reports:
@@ -33,3 +43,27 @@ def test_scst_runs_in_two_cpu_processes_with_synchronised_weights(tmp_path):
         assert report["eval_num_images"] == 6
     # DDP keeps the replicas identical after the updates
     assert reports[0]["parameter_sum"] == pytest.approx(reports[1]["parameter_sum"], rel=0, abs=1e-9)
+
+
+def test_auxiliary_network_phases_and_set_reward_survive_a_kill_on_two_processes(tmp_path):
+    cache = str(tmp_path / "cache")
+    straight = launch_on_two_processes("two_process_resume.py", str(tmp_path / "straight"), cache)
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    # killed at the end of step 3, in joint training, after the critic's pretraining phase (steps 1-2)
+    killed = launch_on_two_processes("two_process_resume.py", str(tmp_path / "killed"), cache, "3")
+    assert killed.returncode != 0
+    assert not (tmp_path / "killed" / "rank0.json").exists()
+    assert last_complete_checkpoint(str(tmp_path / "killed")).endswith("checkpoint-2")
+    resumed = launch_on_two_processes("two_process_resume.py", str(tmp_path / "killed"), cache)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+
+    expected = [json.loads((tmp_path / "straight" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    actual = [json.loads((tmp_path / "killed" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(report["world_size"] == 2 for report in expected + actual)
+    assert all(report["resumed"] for report in actual)
+    # each process's set-level reward saw its 2 images with their 2 samples each, every image once
+    assert expected[0]["group_sizes"] == [[2, 2]]
+    for part in ("captioner", "critic", "optimizer"):
+        assert expected[0][part] == expected[1][part], f"{part}: replicas differ"
+        assert actual[0][part] == actual[1][part], f"{part}: replicas differ after the resume"
+        assert actual[0][part] == expected[0][part], f"{part}: the resumed run differs from the uninterrupted one"

@@ -387,9 +387,7 @@ class SpiderPGObjective(CaptionObjective):
         device = sequences.device
         sample_index = torch.arange(len(references), device=device).repeat_interleave(num_paths)  # (N,)
         sample_rows = sample_index.tolist()
-        caption_rewards = trainer.compute_rewards(
-            samples.texts, [references[i] for i in sample_rows], inputs, row_index=sample_rows
-        )  # (N,)
+        caption_rewards = trainer.compute_rewards(samples.texts, inputs, row_index=sample_rows)  # (N,)
         token_mask = caption_token_mask(sequences, trainer.eos_token_id)  # (N, T)
 
         # 2. K rollouts from every non-final prefix, decoded together; Q from their rewards
@@ -404,9 +402,8 @@ class SpiderPGObjective(CaptionObjective):
             )]  # fmt: skip
             rollout_rows = sample_index[rollouts.caption_index].tolist()
             rollout_rewards = trainer.compute_rewards(
-                rollout_texts, [references[i] for i in rollout_rows], inputs, row_index=rollout_rows,
-                log_prefix="rollout",
-            )  # fmt: skip
+                rollout_texts, inputs, row_index=rollout_rows, log_prefix="rollout"
+            )
         q_values = monte_carlo_q_values(
             token_mask,
             torch.as_tensor(caption_rewards, dtype=torch.float32, device=device),

@@ -4,6 +4,16 @@ A reward function is any callable taking keyword arguments — `completions` (th
 (each caption's reference captions) and any dataset column such as `image_id` — and returning one float per
 completion. This is TRL's reward-function convention, so the same function works in `RLCaptionTrainer` and in
 `trl.GRPOTrainer`.
+
+A reward may add two optional methods:
+
+- `prepare(train_dataset, processor)`: called once before training (by `prepare_reward`) with the training
+  `datasets.Dataset` and the captioner's processor, for statistics of the training set such as CIDEr-D's document
+  frequencies. TRL never calls it, so a reward must still work without it.
+- `score_groups(*, completions, references, **image_columns)`: the completions grouped per image, with every image
+  column given once per image (`GroupRewardFunc`). Set-level rewards (contrastive over the batch, diversity between an
+  image's samples) need the groups, and image rewards embed each image once instead of once per completion.
+  `RewardMix.score_groups` calls it when present and the plain call otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +22,17 @@ import functools
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["RewardFunc", "reward_name", "completion_texts", "check_reward_inputs", "row_keys"]
+__all__ = [
+    "RewardFunc",
+    "GroupRewardFunc",
+    "is_group_reward",
+    "prepare_reward",
+    "reward_name",
+    "completion_texts",
+    "group_sizes",
+    "check_reward_inputs",
+    "row_keys",
+]
 
 
 @runtime_checkable
@@ -29,6 +49,56 @@ class RewardFunc(Protocol):
     """
 
     def __call__(self, *, completions: list[str], references: list[list[str]], **columns: Any) -> list[float]: ...
+
+
+@runtime_checkable
+class GroupRewardFunc(Protocol):
+    """A reward scoring the completions of each image together, with every image column given once per image.
+
+    Args (keyword-only):
+        completions (`list[list[str]]` of length `num_images`): group `i` holds the raw captions generated for image
+            `i`; groups may differ in size (e.g. 5 samples, or beam + greedy + ground truth).
+        references (`list[list[str]]` of length `num_images`, or `None`): the raw reference captions of image `i`.
+        **image_columns: any other column, one row per image, never repeated per completion: `image_id` (`list` of
+            length `num_images`), `pixel_values` (`torch.FloatTensor` of shape `(num_images, 3, H, W)`), dataset
+            columns (`list`); ignored when unused.
+
+    Returns:
+        `list[list[float]]`: one list per group, as long as the group, of finite rewards in the group's order.
+    """
+
+    def score_groups(
+        self, *, completions: list[list[str]], references: list[list[str]] | None, **image_columns: Any
+    ) -> list[list[float]]: ...
+
+
+def is_group_reward(func: Any) -> bool:
+    """Whether `func` scores groups of completions (has a callable `score_groups`, see `GroupRewardFunc`).
+
+    A `RewardMix` is not one: its `score_groups` returns the weighted total and each reward's values, and a mix inside
+    a mix is handled by the outer mix.
+    """
+    from .mix import RewardMix  # the mix module imports this one
+
+    return callable(getattr(func, "score_groups", None)) and not isinstance(func, RewardMix)
+
+
+def prepare_reward(func: Any, train_dataset: Any, processor: Any = None) -> None:
+    """Calls `func.prepare(train_dataset, processor)` when the reward has a `prepare` method; does nothing otherwise.
+
+    A trainer calls it once per reward before training. Built-in rewards use it for statistics of the training set:
+    `cider` and `spider` built without `document_frequencies` count them from the dataset's `captions` column.
+
+    Args:
+        func (`RewardFunc` or `GroupRewardFunc`): the reward.
+        train_dataset (`datasets.Dataset`): the training set (columns `captions`, `image_id`, `image` or
+            `pixel_values`, and any others).
+        processor (*optional*): the captioner's processor (e.g. a [`CaptionProcessor`]), for rewards that need to
+            know how images were prepared.
+    """
+    prepare = getattr(func, "prepare", None)
+    if callable(prepare):
+        prepare(train_dataset, processor)
 
 
 def reward_name(func: Any) -> str:
@@ -72,6 +142,29 @@ def completion_texts(completions: Sequence[Any]) -> list[str]:
                 "of chat messages ending with the generated caption."
             )
     return texts
+
+
+def group_sizes(completions: Sequence[Any]) -> list[int]:
+    """The size of every group of grouped completions (one list of completions per image).
+
+    Raises:
+        `ValueError`: when `completions` or one of its groups is not a list of completions (e.g. a flat list of
+            strings, which a group-aware call cannot tell apart from groups of characters).
+    """
+    if isinstance(completions, str) or not isinstance(completions, Sequence):
+        raise ValueError(
+            f"Grouped completions must be a list with one list of completions per image, got "
+            f"{type(completions).__name__} {completions!r}."
+        )
+    sizes = []
+    for index, group in enumerate(completions):
+        if isinstance(group, str) or not isinstance(group, Sequence):
+            raise ValueError(
+                f"Group {index} of the completions is {type(group).__name__} {group!r}; pass one list of completions "
+                "per image (e.g. `[[caption]]` for a single caption)."
+            )
+        sizes.append(len(group))
+    return sizes
 
 
 def row_keys(values: Any, batch_size: int, column: str = "image_id") -> list[Hashable] | None:

@@ -11,7 +11,10 @@ the reward of a caption equals its per-caption CLIP-S metric. The images come fr
 - `image` (a list of PIL images or arrays, one per completion): a dataset's image column, as TRL passes it.
 
 An image's embedding is computed once per call however many completions share it, and is kept across calls under its
-`image_id` when the batch has that column (images of a dataset repeat every epoch).
+`image_id` when the batch has that column (images of a dataset repeat every epoch). `score_groups` takes the
+completions grouped per image with every image column once per image (`pixel_values` of shape `(num_images, 3, H, W)`),
+so the trainer never copies an image's pixels for each of its completions; its values equal the plain call's on the
+flattened rows.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..metrics.clip import CLIP_S_WEIGHT, clip_s, embed_images, embed_texts, load_clip
-from .base import completion_texts, row_keys
+from .base import completion_texts, group_sizes, row_keys
 from .registry import register_reward
 
 __all__ = ["ClipScoreReward", "pixel_values_to_images"]
@@ -111,23 +114,67 @@ class ClipScoreReward:
         self._image_cache: OrderedDict[Hashable, Any] = OrderedDict()
 
     def __call__(self, *, completions: list[Any], references: list[list[str]] | None = None, **columns) -> list[float]:
-        import torch
-
         texts = completion_texts(completions)
         image_ids = row_keys(columns.get("image_id"), len(texts))
         keys = image_ids if image_ids is not None else list(range(len(texts)))
-        image_embeddings = self._image_embeddings(keys, columns, cache=image_ids is not None)  # key -> (D,)
+        return self._clip_s(texts, keys, keys, columns, cached=image_ids is not None, unit="completion").tolist()
+
+    def score_groups(
+        self, *, completions: list[list[Any]], references: list[list[str]] | None = None, **image_columns
+    ) -> list[list[float]]:
+        """CLIP-S of every completion for its group's image, each image embedded once.
+
+        Args:
+            completions (`list[list[str]]` of length `num_images`): group `i` holds image `i`'s completions.
+            references: unused (CLIP-S needs no references).
+            **image_columns: one row per image: `pixel_values` (`torch.FloatTensor` of shape `(num_images, 3, H, W)`)
+                or `image` (a list of PIL images or arrays), and optionally `image_id` (embeddings cached by it).
+
+        Returns:
+            `list[list[float]]`: one list per group, as long as the group.
+        """
+        sizes = group_sizes(completions)
+        image_ids = row_keys(image_columns.get("image_id"), len(sizes))
+        keys = image_ids if image_ids is not None else list(range(len(sizes)))
+        texts = [text for group in completions for text in completion_texts(group)]
+        text_keys = [key for key, size in zip(keys, sizes, strict=True) for _ in range(size)]
+        values = self._clip_s(texts, text_keys, keys, image_columns, cached=image_ids is not None, unit="image")
+        ends = np.cumsum(sizes)
+        return [values[end - size : end].tolist() for end, size in zip(ends, sizes, strict=True)]
+
+    def _clip_s(
+        self,
+        texts: list[str],
+        text_keys: list[Hashable],
+        image_keys: list[Hashable],
+        columns: dict[str, Any],
+        cached: bool,
+        unit: str,
+    ) -> np.ndarray:
+        """CLIP-S of `texts[i]` for the image of key `text_keys[i]`; row `j` of the image columns is `image_keys[j]`.
+
+        Returns:
+            `np.ndarray` of shape `(len(texts),)`.
+        """
+        import torch
+
+        if not texts:  # nothing to score: no CLIP pass, and torch.stack refuses an empty list
+            return np.zeros(0)
+        image_embeddings = self._image_embeddings(image_keys, columns, cached, unit)  # key -> (D,)
         unique_texts = list(dict.fromkeys(texts))
         text_embeddings = embed_texts(
             self.model, self.processor, unique_texts, batch_size=4 * self.batch_size, prompt=self.prompt
         )
         text_row = {text: row for row, text in enumerate(unique_texts)}
-        images = torch.stack([image_embeddings[key] for key in keys])  # (N, D)
+        images = torch.stack([image_embeddings[key] for key in text_keys])  # (N, D)
         captions = text_embeddings[[text_row[text] for text in texts]]  # (N, D)
-        return clip_s(images, captions, w=self.w).tolist()
+        return clip_s(images, captions, w=self.w)
 
-    def _image_embeddings(self, keys: list[Hashable], columns: dict[str, Any], cache: bool) -> dict[Hashable, Any]:
-        """The embedding of every key's image: cached ones, and the others computed from their first row."""
+    def _image_embeddings(
+        self, keys: list[Hashable], columns: dict[str, Any], cache: bool, unit: str
+    ) -> dict[Hashable, Any]:
+        """The embedding of every key's image (row `i` of the image columns has key `keys[i]`): cached ones, and the
+        others computed from their first row."""
         found = {}
         first_rows: dict[Hashable, int] = {}
         for row, key in enumerate(keys):
@@ -139,7 +186,7 @@ class ClipScoreReward:
             else:
                 first_rows[key] = row
         if first_rows:
-            images = self._images(columns, list(first_rows.values()), len(keys))
+            images = self._images(columns, list(first_rows.values()), len(keys), unit)
             embeddings = embed_images(self.model, self.processor, images, batch_size=self.batch_size)
             for key, embedding in zip(first_rows, embeddings, strict=True):
                 found[key] = embedding
@@ -149,20 +196,19 @@ class ClipScoreReward:
                 self._image_cache.popitem(last=False)
         return found
 
-    def _images(self, columns: dict[str, Any], rows: list[int], batch_size: int) -> list[Any]:
-        """The images of `rows`, from the `pixel_values` or `image` column."""
+    def _images(self, columns: dict[str, Any], rows: list[int], num_rows: int, unit: str) -> list[Any]:
+        """The images of `rows`, from the `pixel_values` or `image` column, which hold one row per `unit`."""
         if columns.get("pixel_values") is not None:
             pixel_values = columns["pixel_values"]
-            if len(pixel_values) != batch_size:
+            if len(pixel_values) != num_rows:
                 raise ValueError(
-                    f"pixel_values holds {len(pixel_values)} images for {batch_size} completions; pass one per "
-                    "completion."
+                    f"pixel_values holds {len(pixel_values)} images for {num_rows} {unit}s; pass one per {unit}."
                 )
             return pixel_values_to_images(pixel_values[rows], self.pixel_mean, self.pixel_std)
         if columns.get("image") is not None:
             images = list(columns["image"])
-            if len(images) != batch_size:
-                raise ValueError(f"image holds {len(images)} images for {batch_size} completions; pass one each.")
+            if len(images) != num_rows:
+                raise ValueError(f"image holds {len(images)} images for {num_rows} {unit}s; pass one per {unit}.")
             return [images[row] for row in rows]
         raise ValueError(
             "The clip_score reward needs each completion's image: a `pixel_values` tensor (N, 3, H, W), as "

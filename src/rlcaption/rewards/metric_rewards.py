@@ -4,8 +4,9 @@ Each reward tokenizes completions and references with `normalize_caption` (the C
 scores every completion against its own references, as one image of the metric's corpus. An empty completion (or one
 that is only punctuation) scores 0.0.
 
-- `cider`: CIDEr-D with document frequencies computed once from a training corpus (or loaded from a file) and
-  reference vectors cached per image (`image_id` when the batch has it), scored in vectorized NumPy.
+- `cider`: CIDEr-D with document frequencies computed once from a training corpus (given, loaded from a file, or
+  counted by `prepare` from the training set's `captions`) and reference vectors cached per image (`image_id` when
+  the batch has it), scored in vectorized NumPy.
 - `bleu`: per-image BLEU-n (default n = 4) with the COCO code's per-image smoothing.
 - `rouge`: per-image ROUGE-L.
 - `meteor`, `spice`: METEOR 1.5 and SPICE through Java (`rlcaption[java]`).
@@ -84,6 +85,21 @@ def _document_frequencies(
     return DocumentFrequencies.from_references(corpus)
 
 
+def _training_document_frequencies(train_dataset: Any, reward: str) -> DocumentFrequencies:
+    """Document frequencies of a training set's `captions` column (one list of raw captions per image)."""
+    column_names = getattr(train_dataset, "column_names", None)
+    if train_dataset is None or column_names is None or "captions" not in column_names:
+        found = "no training dataset" if train_dataset is None else f"a training dataset with columns {column_names}"
+        raise ValueError(
+            f"The {reward!r} reward counts CIDEr-D document frequencies from the training set's `captions` column "
+            f"(one list of reference captions per image), but got {found}. Pass a training set with a `captions` "
+            "column, or build the reward with `document_frequencies=` (a `DocumentFrequencies`, a file written by "
+            "`DocumentFrequencies.save`, or one list of captions per image), e.g. "
+            f"`get_reward({reward!r}, document_frequencies='train_df.json.gz')`."
+        )
+    return _document_frequencies(train_dataset["captions"])
+
+
 @register_reward("cider")
 class CiderReward(MetricReward):
     """CIDEr-D of each completion, with fixed document frequencies and cached reference vectors.
@@ -94,9 +110,12 @@ class CiderReward(MetricReward):
     Args:
         document_frequencies (`DocumentFrequencies`, `str`, `os.PathLike` or `Sequence[Sequence[str]]`, *optional*):
             the IDF statistics: an object, a file written by `DocumentFrequencies.save`, or a training corpus given
-            as one list of raw reference captions per image (tokenized and counted once here). `None` takes them
-            from the references of each call, which equals running the COCO code's `Cider` on that batch (slower:
-            no cache, and the weights change from batch to batch).
+            as one list of raw reference captions per image (tokenized and counted once here). `None` lets
+            `prepare(train_dataset, processor)` count them from the training set's `captions` column, as
+            `RLCaptionTrainer` does before training. Until then (e.g. in `trl.GRPOTrainer`, which never calls
+            `prepare`), each call takes them from its own references, which equals running the COCO code's `Cider`
+            on that batch: every completion is one document, so an image with `k` completions counts `k` times
+            (slower: no cache, and the weights change from batch to batch).
         sigma (`float`, defaults to 6.0): standard deviation of the Gaussian length penalty.
         max_cached_images (`int`, *optional*): bound on the number of images whose reference vectors are cached.
     """
@@ -109,17 +128,40 @@ class CiderReward(MetricReward):
     ):
         self.__name__ = "cider"
         self.sigma = sigma
-        self.document_frequencies = (
-            None if document_frequencies is None else _document_frequencies(document_frequencies)
-        )
+        self.max_cached_images = max_cached_images
+        # given frequencies are the user's choice and survive `prepare`; those counted by `prepare` are replaced by
+        # the next training set's
+        self._given_document_frequencies = document_frequencies is not None
+        self.document_frequencies = None
         self.scorer = None
-        if self.document_frequencies is not None:
-            self.scorer = CiderD(
-                self.document_frequencies,
-                sigma=sigma,
-                text_normalizer=normalize_caption,
-                max_cached_images=max_cached_images,
-            )
+        if document_frequencies is not None:
+            self._use_document_frequencies(_document_frequencies(document_frequencies))
+
+    def _use_document_frequencies(self, document_frequencies: DocumentFrequencies) -> None:
+        self.document_frequencies = document_frequencies
+        self.scorer = CiderD(
+            document_frequencies,
+            sigma=self.sigma,
+            text_normalizer=normalize_caption,
+            max_cached_images=self.max_cached_images,
+        )
+
+    def prepare(self, train_dataset: Any, processor: Any = None) -> None:
+        """Counts the document frequencies from `train_dataset["captions"]`, unless they were given when built.
+
+        Args:
+            train_dataset (`datasets.Dataset`): the training set, with a `captions` column (one list of raw
+                reference captions per image).
+            processor (*optional*): the captioner's processor; unused.
+
+        Raises:
+            `ValueError`: naming this reward when the dataset has no `captions` column.
+        """
+        self._prepare(train_dataset, self.__name__)
+
+    def _prepare(self, train_dataset: Any, reward: str) -> None:
+        if not self._given_document_frequencies:
+            self._use_document_frequencies(_training_document_frequencies(train_dataset, reward))
 
     def _score(
         self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
@@ -210,7 +252,7 @@ class SpiderReward(MetricReward):
     reward is never computed from CIDEr-D alone.
 
     Args:
-        document_frequencies: as for `CiderReward`.
+        document_frequencies: as for `CiderReward` (`None`: counted by `prepare` from the training set).
         sigma (`float`, defaults to 6.0): CIDEr-D's length-penalty standard deviation.
         max_cached_images (`int`, *optional*): as for `CiderReward`.
     """
@@ -224,6 +266,10 @@ class SpiderReward(MetricReward):
         self.__name__ = "spider"
         self.cider = CiderReward(document_frequencies, sigma=sigma, max_cached_images=max_cached_images)
         self.spice = SpiceReward()
+
+    def prepare(self, train_dataset: Any, processor: Any = None) -> None:
+        """Counts CIDEr-D's document frequencies from `train_dataset["captions"]`, as `CiderReward.prepare`."""
+        self.cider._prepare(train_dataset, self.__name__)
 
     def _score(
         self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None

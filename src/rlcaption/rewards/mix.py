@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
-from .base import RewardFunc, reward_name
+from .base import GroupRewardFunc, RewardFunc, group_sizes, is_group_reward, prepare_reward, reward_name
 from .registry import get_reward
 
 __all__ = ["RewardMix"]
@@ -18,15 +20,16 @@ class RewardMix:
     """A weighted sum of reward functions: `total = sum_i weight_i * reward_i(**inputs)`.
 
     Args:
-        funcs (`Sequence[RewardFunc | str]`): reward functions, or names of registered rewards (built with their
-            default arguments; use `get_reward(name, **kwargs)` for others).
+        funcs (`Sequence[RewardFunc | GroupRewardFunc | str]`): reward functions (per-completion callables, group
+            rewards with `score_groups`, or both), or names of registered rewards (built with their default
+            arguments; use `get_reward(name, **kwargs)` for others).
         weights (`Sequence[float]`, *optional*): one weight per function; all 1.0 by default.
 
     The logging name of each function is `reward_name(func)`; a name used twice gets a `_2`, `_3`, ... suffix.
     """
 
-    def __init__(self, funcs: Sequence[RewardFunc | str], weights: Sequence[float] | None = None):
-        if isinstance(funcs, str) or callable(funcs):
+    def __init__(self, funcs: Sequence[RewardFunc | GroupRewardFunc | str], weights: Sequence[float] | None = None):
+        if isinstance(funcs, str) or callable(funcs) or is_group_reward(funcs):
             funcs = [funcs]
         if len(funcs) == 0:
             raise ValueError("RewardMix needs at least one reward function or reward name.")
@@ -34,8 +37,11 @@ class RewardMix:
         for func in funcs:
             if isinstance(func, str):
                 func = get_reward(func)
-            elif not callable(func):
-                raise ValueError(f"Reward {func!r} is neither a callable nor a registered reward name.")
+            elif not (callable(func) or is_group_reward(func)):
+                raise ValueError(
+                    f"Reward {func!r} is neither a callable, an object with a `score_groups` method nor a registered "
+                    "reward name."
+                )
             resolved.append(func)
         if weights is None:
             weights = [1.0] * len(resolved)
@@ -50,6 +56,8 @@ class RewardMix:
         self.weights = np.asarray(weights, dtype=np.float64)
         self.names = self._unique_names([reward_name(func) for func in resolved])
         self.__name__ = "+".join(self.names) if len(self.names) > 1 else self.names[0]
+        # the parameters each function names in its signature: only those receive image tensors row by row
+        self._named_parameters = [_named_parameters(func) for func in resolved]
 
     @staticmethod
     def _unique_names(names: list[str]) -> list[str]:
@@ -60,8 +68,18 @@ class RewardMix:
             unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
         return unique
 
+    def prepare(self, train_dataset: Any, processor: Any = None) -> None:
+        """Calls `prepare_reward(func, train_dataset, processor)` for every function of the mix, once before training.
+
+        Args:
+            train_dataset (`datasets.Dataset`): the training set.
+            processor (*optional*): the captioner's processor.
+        """
+        for func in self.funcs:
+            prepare_reward(func, train_dataset, processor)
+
     def score(self, **inputs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Calls every reward function with `inputs` (`completions=`, `references=`, columns).
+        """Calls every reward function with `inputs` (`completions=`, `references=`, columns), one row per completion.
 
         Returns:
             `tuple[np.ndarray, dict[str, np.ndarray]]`: the weighted total of shape `(batch_size,)`, and each
@@ -69,37 +87,123 @@ class RewardMix:
 
         Raises:
             `ValueError`: naming the reward function that returned the wrong number of values, or a NaN, an
-                infinity or a non-number.
+                infinity or a non-number; or naming a reward that only scores groups (use `score_groups`).
         """
         completions = inputs.get("completions")
         if completions is None:
             raise ValueError("RewardMix.score needs `completions=` (the generated captions).")
         batch_size = len(completions)
+        components = {}
+        for name, func in zip(self.names, self.funcs, strict=True):
+            if not callable(func):
+                raise ValueError(
+                    f"Reward function {name!r} only scores groups of completions (it has `score_groups` but is not "
+                    "callable); call `RewardMix.score_groups` with the completions grouped per image."
+                )
+            components[name] = _checked_values(name, func(**inputs), batch_size, lambda row: f"completion {row}")
+        return self._weighted_total(components, batch_size), components
+
+    def score_groups(
+        self,
+        *,
+        completions: Sequence[Sequence[Any]],
+        references: Sequence[Sequence[str]] | None = None,
+        **image_columns: Any,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Scores completions grouped per image, with every image column given once per image.
+
+        Group rewards (`is_group_reward`) are called once with the groups, as given. Every other function is called
+        as TRL would call it, one row per completion: the completions flattened in group order, each image's
+        references repeated for each of its completions, and the image columns expanded per completion as follows.
+
+        - `list` and `tuple` columns (`image_id`, dataset columns, PIL images) are repeated for every function:
+          repeating a list copies references to the values, not the values.
+        - Array columns (`torch.Tensor` such as `pixel_values` or `image_features`, `np.ndarray`) are expanded
+          (`index_select`, one row per completion) only for functions whose signature names the column, e.g.
+          `def reward(*, completions, references, pixel_values, **columns)`. A function taking them through
+          `**kwargs` (such as `cider` and `bleu`) does not receive them, so the pixels of an image are never copied
+          once per completion for a function that does not read them.
+        - Any other value (a number, a string, `None`) is passed unchanged.
+
+        Args:
+            completions (`Sequence[Sequence[str]]` of length `num_images`): group `i` holds image `i`'s completions;
+                groups may differ in size.
+            references (`Sequence[Sequence[str]]` of length `num_images`, *optional*): image `i`'s reference captions.
+            **image_columns: one row per image (`image_id` list, `pixel_values` `(num_images, 3, H, W)`, ...).
+
+        Returns:
+            `tuple[np.ndarray, dict[str, np.ndarray]]`: the weighted total of shape `(num_completions,)`, and each
+            function's raw values of shape `(num_completions,)` keyed by its logging name, both flat in group order
+            (group 0's completions, then group 1's, ...).
+
+        Raises:
+            `ValueError`: for grouped inputs of the wrong shape (a column without one row per image), or naming the
+                reward function that returned the wrong number of groups or values, or a NaN, an infinity or a
+                non-number, with the image and the completion within its group.
+        """
+        sizes = group_sizes(completions)
+        num_images = len(sizes)
+        if references is not None and len(references) != num_images:
+            raise ValueError(
+                f"Got {num_images} groups of completions but {len(references)} reference lists; pass one list of "
+                "references per image."
+            )
+        for column, value in image_columns.items():
+            rows = _num_rows(value)
+            if rows is not None and rows != num_images:
+                raise ValueError(
+                    f"Column {column!r} has {rows} rows for {num_images} images; pass every image column once per "
+                    "image, in the order of the groups of completions."
+                )
+        image_of = np.repeat(np.arange(num_images), sizes)  # (num_completions,): each completion's group
+        num_completions = len(image_of)
+        label = _image_labels(image_columns.get("image_id"), num_images)
+        offsets = np.cumsum([0, *sizes])
+
+        def locate(row: int) -> str:
+            image = int(image_of[row])
+            return f"{label(image)} completion {row - offsets[image]}"
+
+        flat_completions = [completion for group in completions for completion in group]
+        flat_references = None if references is None else [references[image] for image in image_of]
+        repeated, arrays = {}, {}
+        for column, value in image_columns.items():
+            if _is_array(value):
+                arrays[column] = value
+            elif isinstance(value, list | tuple):
+                repeated[column] = [value[image] for image in image_of]
+            else:
+                repeated[column] = value
+        expanded: dict[str, Any] = {}  # array columns expanded per completion, shared by the functions that name them
+
+        def expand(column: str) -> Any:
+            if column not in expanded:
+                value = arrays[column]
+                if isinstance(value, torch.Tensor):
+                    expanded[column] = value.index_select(0, torch.as_tensor(image_of, device=value.device))
+                else:
+                    expanded[column] = np.take(value, image_of, axis=0)
+            return expanded[column]
+
+        components = {}
+        for name, func, named in zip(self.names, self.funcs, self._named_parameters, strict=True):
+            if isinstance(func, RewardMix):
+                values, _ = func.score_groups(completions=completions, references=references, **image_columns)
+            elif is_group_reward(func):
+                grouped = func.score_groups(completions=completions, references=references, **image_columns)
+                values = _flattened_groups(name, grouped, sizes, label)
+            else:
+                columns = dict(repeated)
+                columns.update({column: expand(column) for column in arrays if column in named})
+                values = func(completions=flat_completions, references=flat_references, **columns)
+            components[name] = _checked_values(name, values, num_completions, locate)
+        return self._weighted_total(components, num_completions), components
+
+    def _weighted_total(self, components: dict[str, np.ndarray], batch_size: int) -> np.ndarray:
         total = np.zeros(batch_size)
-        components: dict[str, np.ndarray] = {}
-        for name, func, weight in zip(self.names, self.funcs, self.weights, strict=True):
-            values = func(**inputs)
-            if values is None or len(values) != batch_size:
-                count = "None" if values is None else len(values)
-                raise ValueError(
-                    f"Reward function {name!r} returned {count} values for {batch_size} completions; a reward must "
-                    "return one float per completion."
-                )
-            try:
-                values = np.asarray(values, dtype=np.float64).reshape(batch_size)
-            except (TypeError, ValueError) as error:
-                raise ValueError(
-                    f"Reward function {name!r} returned values that are not numbers: {list(values)[:5]!r}..."
-                ) from error
-            bad = np.flatnonzero(~np.isfinite(values))
-            if len(bad):
-                raise ValueError(
-                    f"Reward function {name!r} returned non-finite values {values[bad[:5]].tolist()} at completions "
-                    f"{bad[:5].tolist()}; fix the reward (or the captions it cannot score) before training."
-                )
-            components[name] = values
+        for weight, values in zip(self.weights, components.values(), strict=True):
             total += weight * values
-        return total, components
+        return total
 
     def __call__(self, **inputs: Any) -> list[float]:
         """The weighted total as `list[float]`, so a `RewardMix` is itself a reward function."""
@@ -109,3 +213,92 @@ class RewardMix:
     def __repr__(self) -> str:
         terms = ", ".join(f"{weight:g}*{name}" for name, weight in zip(self.names, self.weights, strict=True))
         return f"RewardMix({terms})"
+
+
+def _named_parameters(func: Any) -> frozenset[str]:
+    """The parameters a reward's signature names explicitly (not those it takes through `**kwargs`)."""
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return frozenset()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(parameter.name for parameter in parameters if parameter.kind in kinds)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, torch.Tensor | np.ndarray) and value.ndim > 0
+
+
+def _num_rows(value: Any) -> int | None:
+    """Rows of a per-image column (a list, tuple or array); `None` for a value passed unchanged."""
+    if _is_array(value) or isinstance(value, list | tuple):
+        return len(value)
+    return None
+
+
+def _image_labels(image_ids: Any, num_images: int) -> Callable[[int], str]:
+    """How errors name image `i`: by its `image_id` when the column has one per image, else by its group."""
+    if isinstance(image_ids, torch.Tensor | np.ndarray):
+        image_ids = image_ids.tolist()
+    if isinstance(image_ids, list | tuple) and len(image_ids) == num_images:
+        return lambda image: f"image_id {image_ids[image]!r} (group {image})"
+    return lambda image: f"group {image}"
+
+
+def _length(values: Any) -> int | None:
+    if values is None or isinstance(values, str):
+        return None
+    try:
+        return len(values)
+    except TypeError:
+        return None
+
+
+def _flattened_groups(name: str, grouped: Any, sizes: list[int], label: Callable[[int], str]) -> list[Any]:
+    """A group reward's values, checked to hold one list per group as long as the group, flattened in group order."""
+    count = _length(grouped)
+    if count != len(sizes):
+        raise ValueError(
+            f"Group reward {name!r} returned {count if count is not None else repr(grouped)} groups of values for "
+            f"{len(sizes)} images; `score_groups` must return one list of floats per image."
+        )
+    for image, (values, size) in enumerate(zip(grouped, sizes, strict=True)):
+        length = _length(values)
+        if length != size:
+            raise ValueError(
+                f"Group reward {name!r} returned {length if length is not None else repr(values)} values for "
+                f"{label(image)}, which has {size} completions; return one float per completion of each group."
+            )
+    return [value for values in grouped for value in values]
+
+
+def _checked_values(name: str, values: Any, count: int, locate: Callable[[int], str]) -> np.ndarray:
+    """A reward's values as a float64 array of shape `(count,)`, refusing a wrong count, non-numbers and NaN/inf.
+
+    `locate(row)` names the completion of a flat row in error messages.
+    """
+    length = _length(values)
+    if length != count:
+        raise ValueError(
+            f"Reward function {name!r} returned {length if length is not None else repr(values)} values for {count} "
+            "completions; a reward must return one float per completion."
+        )
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"Reward function {name!r} returned values that are not numbers: {list(values)[:5]!r}..."
+        ) from error
+    if array.shape != (count,):
+        raise ValueError(
+            f"Reward function {name!r} returned values of shape {array.shape} for {count} completions; a reward must "
+            f"return one float per completion, got {list(values)[:5]!r}..."
+        )
+    bad = np.flatnonzero(~np.isfinite(array))
+    if len(bad):
+        where = ", ".join(locate(int(row)) for row in bad[:5])
+        raise ValueError(
+            f"Reward function {name!r} returned non-finite values {array[bad[:5]].tolist()} at {where}; fix the "
+            "reward (or the captions it cannot score) before training."
+        )
+    return array

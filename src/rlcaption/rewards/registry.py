@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
 from .base import RewardFunc
 
-__all__ = ["register_reward", "get_reward", "available_rewards"]
+__all__ = ["register_reward", "get_reward", "available_rewards", "reward_parameters"]
 
 RewardFactory = TypeVar("RewardFactory", bound=Callable[..., RewardFunc])
 
@@ -46,12 +47,21 @@ def available_rewards() -> list[str]:
     return sorted(_REWARD_FACTORIES)
 
 
+def reward_parameters(name: str) -> set[str]:
+    """The keyword arguments the reward registered under `name` is built with (e.g. `document_frequencies`)."""
+    return set(inspect.signature(_factory(name)).parameters)
+
+
 def get_reward(name: str, **kwargs) -> RewardFunc:
     """Builds the reward registered under `name` with `kwargs` (e.g. `document_frequencies=` for `"cider"`).
 
     Raises:
         `ValueError`: for an unknown name, listing the available ones.
     """
+    return _factory(name)(**kwargs)
+
+
+def _factory(name: str) -> Callable[..., RewardFunc]:
     if not isinstance(name, str):
         raise TypeError(
             f"get_reward takes a reward name, got {type(name).__name__} {name!r}; pass callables to RewardMix "
@@ -63,4 +73,4 @@ def get_reward(name: str, **kwargs) -> RewardFunc:
             f"Unknown reward {name!r}; available rewards: {', '.join(available_rewards())}. "
             "Register your own with `@register_reward(name)` or pass a callable."
         )
-    return factory(**kwargs)
+    return factory

@@ -2,21 +2,31 @@
 Decoding and scoring of captions: the one place where objectives, evaluation and scripts call `generate()` and
 compute log-probabilities of given captions.
 
-Works with any transformers captioner whose `generate()` takes image inputs and returns token sequences that start
-with a start token: our models (`input_ids` + `pixel_values`/`image_features`) and encoder-decoder models such as
-`VisionEncoderDecoderModel` (`pixel_values` + `decoder_input_ids`).
+Works with every captioner family of [`rlcaption.captioners`] (ShowTellRL, `VisionEncoderDecoderModel`, BLIP, GIT),
+which knows each family's special tokens, generation call and logits layout.
+
+Sampling and scoring use the same network state. A policy gradient `(R(g) - b) grad log p(g | x)` is unbiased only
+when `p` is the distribution `g` was drawn from. [`generate_captions`] decodes in evaluation mode, and RL objectives
+score their samples with [`sample_token_log_probs`], also in evaluation mode. self-critical.pytorch samples and
+scores in training mode instead, but its two passes draw different dropout masks, so the scored distribution is not
+the sampling one either; reusing the sampling pass's masks in the teacher-forced pass is not possible through
+`generate()`. Evaluation mode for both is exact; the price is that dropout does not regularise RL steps
+(cross-entropy steps keep it).
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import GenerationConfig
+
+from .captioners import captioner_for
 
 __all__ = [
     "IMAGE_INPUT_NAMES",
@@ -26,6 +36,7 @@ __all__ = [
     "generate_captions",
     "image_inputs_of",
     "repeat_image_inputs",
+    "sample_token_log_probs",
     "token_log_probs",
 ]
 
@@ -65,9 +76,15 @@ def repeat_image_inputs(image_inputs: Mapping[str, torch.Tensor], index: torch.L
     return {name: tensor.index_select(0, index) for name, tensor in image_inputs.items()}
 
 
-def _is_encoder_decoder(model: nn.Module) -> bool:
-    config = getattr(model, "config", None)
-    return bool(getattr(config, "is_encoder_decoder", False))
+@contextmanager
+def _evaluation_mode(model: nn.Module) -> Iterator[None]:
+    """Runs the block with `model` in evaluation mode (no dropout), then restores its mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -75,27 +92,39 @@ def generate_captions(
     model: nn.Module,
     processor: Any,
     image_inputs: Mapping[str, torch.Tensor],
+    generation_config: GenerationConfig | None = None,
     **generation_kwargs: Any,
 ) -> GeneratedCaptions:
     """
-    Decodes captions with `model.generate(**image_inputs, **generation_kwargs)` in evaluation mode (no dropout) and
-    restores the model's previous mode.
+    Decodes captions in evaluation mode (no dropout), restoring the model's previous mode.
+
+    Two ways to set the decoding:
+    - `generation_config`: exactly these settings. The model's own generation config (a Hub checkpoint's repetition
+      penalty, n-gram blocking, length limits, forced or banned tokens, ...) is ignored except for its special token
+      ids, see [`rlcaption.captioners.Captioner.generate`]. The trainer decodes this way.
+    - `generation_kwargs`: `model.generate(**image_inputs, **generation_kwargs)`, on top of the model's own
+      generation config, as for any transformers model (scripts and the command line caption this way).
 
     Args:
         model: an unwrapped captioning model (not a DDP wrapper: `generate` needs the model itself).
         processor: anything with `batch_decode(sequences, skip_special_tokens=True)`.
         image_inputs: image tensors of shape `(batch_size, ...)`.
-        generation_kwargs: passed to `generate`, e.g. `do_sample=True, num_return_sequences=5`.
+        generation_config (`GenerationConfig`, *optional*): the complete decoding settings.
+        generation_kwargs: passed to `generate` when no `generation_config` is given, e.g. `num_beams=3`.
 
     Returns:
         [`GeneratedCaptions`] with `batch_size * num_return_sequences` rows, grouped by image.
     """
-    was_training = model.training
-    model.eval()
-    try:
-        output = model.generate(**image_inputs, **generation_kwargs)
-    finally:
-        model.train(was_training)
+    if generation_config is not None and generation_kwargs:
+        raise ValueError(
+            f"Got both a generation_config and generation keyword arguments {sorted(generation_kwargs)}; put those "
+            "settings in the generation_config."
+        )
+    with _evaluation_mode(model):
+        if generation_config is not None:
+            output = captioner_for(model).generate(image_inputs, generation_config)
+        else:
+            output = model.generate(**image_inputs, **generation_kwargs)
     sequences = output.sequences if hasattr(output, "sequences") else output
     texts = [text.strip() for text in processor.batch_decode(sequences, skip_special_tokens=True)]
     return GeneratedCaptions(sequences=sequences, texts=texts)
@@ -118,10 +147,6 @@ def caption_token_mask(sequences: torch.LongTensor, eos_token_id: int) -> torch.
     return (ends_before == 0).float()
 
 
-def _accepts_image_index(model: nn.Module) -> bool:
-    return "image_index" in inspect.signature(model.forward).parameters
-
-
 def caption_logits(
     model: nn.Module,
     image_inputs: Mapping[str, torch.Tensor],
@@ -130,29 +155,21 @@ def caption_logits(
     image_index: torch.LongTensor | None = None,
 ) -> torch.FloatTensor:
     """
-    Next-token logits of given captions under teacher forcing: `logits[:, t]` scores token `t + 1`.
+    Next-token logits of given captions under teacher forcing, over the caption's positions only (GIT's image
+    positions excluded): `logits[:, t]` scores token `t + 1`. The model runs in its current mode.
 
     Args:
         model: the (possibly DDP-wrapped) captioning model; gradients flow.
         image_inputs: image tensors, one row per caption, or one row per image with `image_index`.
         input_ids (`torch.LongTensor` of shape `(N, T)`): captions starting with the start token.
-        image_index (`torch.LongTensor` of shape `(N,)`, *optional*): the row of each caption's image. Models
-            whose `forward` takes `image_index` encode each image once; others get the image rows repeated.
+        attention_mask (`torch.Tensor` of shape `(N, T)`, *optional*): 0 at padding.
+        image_index (`torch.LongTensor` of shape `(N,)`, *optional*): the row of each caption's image. ShowTellRL
+            encodes each image once; other models get the image rows repeated.
 
     Returns:
         `torch.FloatTensor` of shape `(N, T - 1, vocab_size)`.
     """
-    unwrapped = model.module if hasattr(model, "module") else model
-    if image_index is not None:
-        if _accepts_image_index(unwrapped):
-            image_inputs = {**image_inputs, "image_index": image_index}
-        else:
-            image_inputs = repeat_image_inputs(image_inputs, image_index)
-    if _is_encoder_decoder(unwrapped):
-        outputs = model(**image_inputs, decoder_input_ids=input_ids, decoder_attention_mask=attention_mask)
-    else:
-        outputs = model(**image_inputs, input_ids=input_ids, attention_mask=attention_mask)
-    return outputs.logits[:, :-1]  # (N, T-1, V)
+    return captioner_for(model).caption_logits(model, image_inputs, input_ids, attention_mask, image_index)
 
 
 def token_log_probs(
@@ -163,8 +180,8 @@ def token_log_probs(
     image_index: torch.LongTensor | None = None,
 ) -> torch.FloatTensor:
     """
-    Log-probability of each token of given captions (after the start token) under the model; arguments as in
-    [`caption_logits`].
+    Log-probability of each token of given captions (after the start token) under the model in its current mode;
+    arguments as in [`caption_logits`].
 
     Returns:
         `torch.FloatTensor` of shape `(N, T - 1)`; mask it with [`caption_token_mask`].
@@ -172,3 +189,20 @@ def token_log_probs(
     logits = caption_logits(model, image_inputs, sequences, attention_mask, image_index)  # (N, T-1, V)
     log_probs = F.log_softmax(logits.float(), dim=-1)
     return log_probs.gather(-1, sequences[:, 1:].unsqueeze(-1)).squeeze(-1)  # (N, T-1)
+
+
+def sample_token_log_probs(
+    model: nn.Module,
+    image_inputs: Mapping[str, torch.Tensor],
+    sequences: torch.LongTensor,
+    image_index: torch.LongTensor | None = None,
+) -> torch.FloatTensor:
+    """
+    [`token_log_probs`] of captions sampled by [`generate_captions`], under the distribution that sampled them: in
+    evaluation mode, as sampling (see the module docstring for why), with gradients. The model's mode is restored.
+
+    Returns:
+        `torch.FloatTensor` of shape `(N, T - 1)`; mask it with [`caption_token_mask`].
+    """
+    with _evaluation_mode(model):
+        return token_log_probs(model, image_inputs, sequences, image_index=image_index)

@@ -2,9 +2,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import TrOCRProcessor, ViTImageProcessorPil
 
+from rlcaption.captioners import CaptionTokens, captioner_for
 from rlcaption.data import CaptionCollator
 from rlcaption.processing import CaptionProcessor
+from tiny_captioners import FOREIGN_CAPTIONERS, make_bert_tokenizer, make_foreign_captioner, make_gpt2_tokenizer
 
 CAPTIONS = ["a red circle", "a blue square", "two shapes on a white background", "some colorful shapes"]
 
@@ -56,3 +59,76 @@ def test_unusable_references_name_the_image(processor, captions):
 def test_rows_without_an_image_column_are_rejected(processor):
     with pytest.raises(ValueError, match="no image column"):
         CaptionCollator(processor)([{"captions": ["a red circle"], "image_id": 1}])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Any captioner's processor: references framed by the model's start and end tokens
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", FOREIGN_CAPTIONERS)
+def test_references_are_padded_and_framed_by_the_model_tokens(kind):
+    model, foreign_processor = make_foreign_captioner(kind, CAPTIONS, image_size=16)
+    tokens = captioner_for(model).tokens
+    rows = [image_row(1, CAPTIONS[:2]), image_row(2, CAPTIONS[2:])]
+    batch = CaptionCollator(foreign_processor, caption_tokens=tokens)(rows)
+    input_ids, attention_mask = batch["caption_input_ids"], batch["caption_attention_mask"]
+    assert input_ids.shape[0] == len(CAPTIONS)
+    lengths = attention_mask.sum(dim=1)
+    assert input_ids[:, 0].eq(tokens.start_token_id).all()
+    assert input_ids.gather(1, (lengths - 1)[:, None]).eq(tokens.end_token_id).all()
+    assert input_ids[attention_mask == 0].eq(tokens.pad_token_id).all()
+    # between them, the caption itself: no other special token of the tokenizer
+    texts = foreign_processor.batch_decode(input_ids, skip_special_tokens=True)
+    assert [text.strip() for text in texts] == CAPTIONS
+    inner = [row[1 : length - 1].tolist() for row, length in zip(input_ids, lengths, strict=True)]
+    special = set(foreign_processor.tokenizer.all_special_ids)
+    assert not any(token in special for caption in inner for token in caption)
+
+
+def test_a_tokenizer_that_adds_no_special_tokens_still_gets_start_and_end_tokens():
+    # GPT-2 has bos = eos = <|endoftext|> but does not add them: XE would otherwise never learn to end a caption
+    tokenizer = make_gpt2_tokenizer(CAPTIONS)
+    image_processor = ViTImageProcessorPil(size={"height": 16, "width": 16})
+    gpt2_processor = TrOCRProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    assert tokenizer(CAPTIONS[0])["input_ids"][0] != tokenizer.bos_token_id
+    batch = CaptionCollator(gpt2_processor)([image_row(1, CAPTIONS[:2])])
+    input_ids, lengths = batch["caption_input_ids"], batch["caption_attention_mask"].sum(dim=1)
+    assert input_ids[:, 0].eq(tokenizer.bos_token_id).all()
+    assert input_ids.gather(1, (lengths - 1)[:, None]).eq(tokenizer.eos_token_id).all()
+
+
+def test_a_tokenizer_without_start_or_end_token_is_refused_without_the_model_tokens():
+    image_processor = ViTImageProcessorPil(size={"height": 16, "width": 16})
+    bert_processor = TrOCRProcessor(image_processor=image_processor, tokenizer=make_bert_tokenizer(CAPTIONS))
+    with pytest.raises(ValueError, match=r"BertTokenizer.* has no bos token.*caption_tokens=captioner_for\(model\)"):
+        CaptionCollator(bert_processor)
+    # images and references as written need no token ids
+    batch = CaptionCollator(bert_processor, tokenize_references=False)([image_row(1, CAPTIONS[:2])])
+    assert batch["references"] == [CAPTIONS[:2]] and "caption_input_ids" not in batch
+
+
+def test_truncation_keeps_the_end_token_and_unknown_words(processor):
+    tokens = CaptionTokens(start_token_id=1, end_token_id=2, pad_token_id=0)
+    batch = CaptionCollator(processor, max_caption_length=4, caption_tokens=tokens)(
+        [image_row(1, ["two shapes on a white background", "a red zebra"])]
+    )
+    unknown = processor.tokenizer.unk_token_id
+    vocab = processor.tokenizer.get_vocab()
+    assert batch["caption_input_ids"].tolist() == [
+        [1, vocab["two"], vocab["shapes"], 2],
+        [1, vocab["a"], vocab["red"], 2],
+    ]
+    batch = CaptionCollator(processor, caption_tokens=tokens)([image_row(1, ["a red zebra"])])
+    assert batch["caption_input_ids"].tolist() == [[1, vocab["a"], vocab["red"], unknown, 2]]
+    with pytest.raises(ValueError, match="max_caption_length must be >= 2"):
+        CaptionCollator(processor, max_caption_length=1)
+
+
+def test_rows_without_an_image_id_get_no_invented_one(processor):
+    # a position in the batch is not an id: rewards cache reference statistics by image_id
+    rows = [
+        {key: value for key, value in image_row(index, CAPTIONS[:1]).items() if key != "image_id"} for index in (1, 2)
+    ]
+    batch = CaptionCollator(processor)(rows)
+    assert "image_id" not in batch and batch["references"] == [CAPTIONS[:1]] * 2

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..captioners import CaptionTokens
+
 __all__ = ["CaptionCollator"]
 
 # Columns the collator turns into tensors or reads itself; any other column is passed through as a list.
@@ -22,24 +24,56 @@ class CaptionCollator:
 
     - `pixel_values` (`torch.FloatTensor` of shape `(B, 3, H, W)`) or `image_features` (`(B, F)`);
     - `references` (`list[list[str]]`): every reference of every image, as written;
-    - `image_id` (`list`): the rows' ids (rewards cache reference statistics by them);
+    - `image_id` (`list`): the rows' ids (rewards cache reference statistics by them), when the rows have one;
     - `caption_input_ids`, `caption_attention_mask` (`(N, T)`) and `caption_image_index` (`(N,)`, the row of
       each caption's image): the tokenized references for teacher forcing, all of them or
-      `captions_per_image` drawn at random per image;
+      `captions_per_image` drawn at random per image, each `start w_1 ... w_n end` and right-padded;
     - every other column as a list under its own name (datasets columns reach reward functions this way).
 
+    References are tokenized by the processor, stripped of the special tokens its tokenizer puts around them
+    (`[CLS]`/`[SEP]`, `<bos>`/`<eos>`, ...), then framed by the model's start and end tokens: a GPT-2 tokenizer adds
+    none, a BERT tokenizer adds `[CLS]`/`[SEP]` but BLIP starts captions with its own bos, so only the model knows
+    which tokens teacher forcing must see (the ones its `generate()` starts with and stops at).
+
     Args:
-        processor: a [`CaptionProcessor`] (or any processor taking `images=` and `text=`).
+        processor: the model's processor: a [`CaptionProcessor`] or any processor taking `images=` and `text=`
+            (`TrOCRProcessor`, `BlipProcessor`, `GitProcessor`, ...).
         captions_per_image (`int`, *optional*): references tokenized per image; all when `None`.
-        max_caption_length (`int`, *optional*): truncation length of tokenized references (special tokens included).
+        max_caption_length (`int`, *optional*): truncation length of tokenized references, start and end tokens
+            included (the end token is kept).
+        caption_tokens ([`CaptionTokens`], *optional*): the model's start, end and pad tokens, e.g.
+            `captioner_for(model).tokens` (what [`RLCaptionTrainer`] passes). When `None`, the tokenizer's bos and
+            eos tokens, and a tokenizer without them is refused.
+        tokenize_references (`bool`, *optional*, defaults to `True`): `False` to collate images and references as
+            written only (evaluation needs no token ids).
     """
 
-    def __init__(self, processor: Any, captions_per_image: int | None = None, max_caption_length: int | None = None):
+    def __init__(
+        self,
+        processor: Any,
+        captions_per_image: int | None = None,
+        max_caption_length: int | None = None,
+        caption_tokens: CaptionTokens | None = None,
+        tokenize_references: bool = True,
+    ):
         if captions_per_image is not None and captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1 or None, got {captions_per_image}.")
+        if max_caption_length is not None and max_caption_length < 2:
+            raise ValueError(
+                f"max_caption_length must be >= 2 (the start and end tokens) or None, got {max_caption_length}."
+            )
         self.processor = processor
         self.captions_per_image = captions_per_image
         self.max_caption_length = max_caption_length
+        self.tokenize_references = tokenize_references
+        self.caption_tokens = None
+        if tokenize_references:
+            tokenizer = getattr(processor, "tokenizer", processor)
+            if caption_tokens is None:
+                caption_tokens = _tokenizer_caption_tokens(tokenizer)
+            self.caption_tokens = caption_tokens
+            # the tokens a tokenizer may put around a caption; an unknown word is a word of the caption
+            self._boundary_token_ids = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
 
     def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if not rows:
@@ -61,7 +95,7 @@ class CaptionCollator:
                 f"{sorted(first)}."
             )
 
-        # 2. references, as written, and ids
+        # 2. references, as written, and ids; a position in the batch is not an id (rewards cache by image_id)
         references = None
         if "captions" in first:
             references = []
@@ -78,10 +112,11 @@ class CaptionCollator:
                     )
                 references.append(list(captions))
             batch["references"] = references
-        batch["image_id"] = [row.get("image_id", index) for index, row in enumerate(rows)]
+        if "image_id" in first:
+            batch["image_id"] = [row["image_id"] for row in rows]
 
         # 3. tokenized references for teacher forcing
-        if references is not None:
+        if references is not None and self.tokenize_references:
             texts, image_index = [], []
             for row_index, captions in enumerate(references):
                 chosen = captions
@@ -89,9 +124,7 @@ class CaptionCollator:
                     chosen = random.sample(captions, self.captions_per_image)
                 texts.extend(chosen)
                 image_index.extend([row_index] * len(chosen))
-            encoded = self.processor(text=texts, max_length=self.max_caption_length, return_tensors="pt")
-            batch["caption_input_ids"] = encoded["input_ids"]
-            batch["caption_attention_mask"] = encoded["attention_mask"]
+            batch["caption_input_ids"], batch["caption_attention_mask"] = self._tokenize(texts)
             batch["caption_image_index"] = torch.tensor(image_index, dtype=torch.long)
 
         # 4. pass-through columns
@@ -99,3 +132,41 @@ class CaptionCollator:
             if name not in _HANDLED_COLUMNS:
                 batch[name] = [row[name] for row in rows]
         return batch
+
+    def _tokenize(self, texts: list[str]) -> tuple[torch.LongTensor, torch.LongTensor]:
+        """`start w_1 ... w_n end pad ...` for every text: `input_ids` and `attention_mask` of shape `(N, T)`."""
+        tokens = self.caption_tokens
+        # the processor's own text handling (CaptionProcessor normalises like the metrics), without padding: the
+        # framing below changes the lengths
+        encoded = self.processor(text=texts, padding=False, return_tensors=None)["input_ids"]
+        max_words = None if self.max_caption_length is None else self.max_caption_length - 2
+        sequences = []
+        for ids in encoded:
+            start, end = 0, len(ids)
+            while start < end and ids[start] in self._boundary_token_ids:
+                start += 1
+            while end > start and ids[end - 1] in self._boundary_token_ids:
+                end -= 1
+            words = list(ids[start:end])[:max_words]
+            sequences.append([tokens.start_token_id, *words, tokens.end_token_id])
+        length = max(len(sequence) for sequence in sequences)
+        input_ids = torch.full((len(sequences), length), tokens.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            input_ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+            attention_mask[row, : len(sequence)] = 1
+        return input_ids, attention_mask
+
+
+def _tokenizer_caption_tokens(tokenizer: Any) -> CaptionTokens:
+    """The tokenizer's bos and eos as start and end tokens, for a collator not told the model's."""
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    if bos is None or eos is None:
+        raise ValueError(
+            f"{type(tokenizer).__name__} has no {'bos' if bos is None else 'eos'} token, so references would be "
+            "tokenized without a start or end token and a model trained on them would never end its captions. "
+            "Pass the model's tokens: `CaptionCollator(processor, caption_tokens=captioner_for(model).tokens)` "
+            "(`rlcaption.captioners.captioner_for`; RLCaptionTrainer does this)."
+        )
+    pad = tokenizer.pad_token_id
+    return CaptionTokens(start_token_id=bos, end_token_id=eos, pad_token_id=eos if pad is None else pad)

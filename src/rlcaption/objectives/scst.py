@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..decoding import caption_token_mask, image_inputs_of, token_log_probs
+from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
 from .base import CaptionObjective, register_objective
 
 __all__ = ["SCSTObjective", "policy_gradient_loss"]
@@ -47,6 +47,11 @@ class SCSTObjective(CaptionObjective):
     Samples `num_samples_per_image` captions per image, scores them with the trainer's rewards, and applies
     REINFORCE with the `baseline` of the config: the greedy caption's reward (self-critical), the mean reward of the
     image's other samples ("new self-critical"), or none.
+
+    Sampling and scoring both run in evaluation mode (no dropout), so that at `temperature=1` without `top_k` or
+    `top_p` the log-probabilities are exactly those of the distribution that drew the samples; dropout then does not
+    regularise SCST steps. The scored distribution is always the model's own: `temperature`, `top_k` and `top_p`
+    change which captions are explored, not what is scored.
     """
 
     name = "scst"
@@ -62,15 +67,13 @@ class SCSTObjective(CaptionObjective):
         samples = trainer.sample_captions(image_inputs, num_return_sequences=num_samples)
         sample_index = torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)
         repeated = sample_index.tolist()
-        rewards = trainer.compute_rewards(
-            samples.texts, [references[i] for i in repeated], inputs, row_index=repeated
-        )  # (B*k,)
+        rewards = trainer.compute_rewards(samples.texts, inputs, row_index=repeated)  # (B*k,)
 
         # 2. baseline, independent of the sample it is subtracted from
         if args.baseline == "greedy":
             greedy = trainer.greedy_captions(image_inputs)
             greedy_rewards = trainer.compute_rewards(
-                greedy.texts, references, inputs, row_index=list(range(batch_size)), log_prefix="greedy"
+                greedy.texts, inputs, row_index=list(range(batch_size)), log_prefix="greedy"
             )
             baselines = np.repeat(greedy_rewards, num_samples)
         elif args.baseline == "mean_of_others":
@@ -80,8 +83,9 @@ class SCSTObjective(CaptionObjective):
             baselines = np.zeros_like(rewards)
         advantages = torch.as_tensor(rewards - baselines, dtype=torch.float32, device=samples.sequences.device)
 
-        # 3. policy gradient on the samples' log-probabilities (with gradient, through the wrapped model)
-        log_probs = token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
+        # 3. policy gradient on the samples' log-probabilities under the distribution that sampled them (evaluation
+        # mode, no dropout: see rlcaption.decoding), with gradient, through the wrapped model
+        log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
         mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
         trainer.record_metric("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
         trainer.record_metric("sample_length", float(mask.sum(dim=1).mean()))

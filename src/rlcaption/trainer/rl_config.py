@@ -60,6 +60,14 @@ class RLCaptionConfig(TrainingArguments):
         },
     )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for RL objectives."})
+    top_k: int = field(
+        default=0,
+        metadata={"help": "RL sampling from the k most likely tokens only; 0 samples from the whole vocabulary."},
+    )
+    top_p: float = field(
+        default=1.0,
+        metadata={"help": "RL nucleus sampling: the smallest token set of this total probability; 1.0 disables it."},
+    )
     max_caption_length: int = field(
         default=20,
         metadata={"help": "Maximum number of generated tokens per caption (sampling and evaluation)."},
@@ -168,5 +176,9 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(f"baseline_learning_rate must be > 0 or None, got {self.baseline_learning_rate}.")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1.0 disables it), got {self.top_p}.")
         if self.max_caption_length < 1:
             raise ValueError(f"max_caption_length must be >= 1, got {self.max_caption_length}.")

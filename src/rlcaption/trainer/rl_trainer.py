@@ -13,25 +13,24 @@ import torch
 from accelerate.utils import gather_object
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import Trainer, TrainerCallback, TrainerState
+from transformers import GenerationConfig, Trainer, TrainerCallback, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from transformers.utils import logging
 
 from .. import objectives as _objectives  # noqa: F401  (registers the built-in objectives)
+from ..captioners import captioner_for
 from ..data.collator import CaptionCollator
 from ..decoding import GeneratedCaptions, generate_captions
-from ..evaluation import caption_batches, scene_grounding_scores
+from ..evaluation import caption_batches, scene_grounding_scores, with_image_ids
 from ..metrics import evaluate_captions
 from ..objectives.base import AuxiliaryNetwork, get_objective_class
-from ..rewards import RewardMix, get_reward
+from ..rewards import RewardMix, get_reward, is_group_reward, reward_parameters
 from .rl_config import RLCaptionConfig
 
 __all__ = ["AUXILIARY_NETWORKS_NAME", "RLCaptionTrainer", "forward_through", "last_complete_checkpoint"]
 
 logger = logging.get_logger(__name__)
 
-# Rewards whose CIDEr-D part needs document frequencies; by default they come from the training references.
-_REWARDS_WITH_DOCUMENT_FREQUENCIES = ("cider", "spider")
 # Files a checkpoint folder must hold to be resumable; the trainer state is written last.
 _CHECKPOINT_COMPLETE_MARKER = "trainer_state.json"
 # The objective's auxiliary networks, beside the model's weights in every checkpoint.
@@ -139,11 +138,15 @@ class RLCaptionTrainer(Trainer):
                 "RLCaptionTrainer needs the processor (processing_class) to tokenize and decode captions."
             )
         objective_class = get_objective_class(args.objective)  # fails early on an unknown name
+        # The model's start and end tokens, not the tokenizer's (a BERT tokenizer has neither; BLIP starts with its
+        # own bos); refuses a model it cannot caption with, naming what is missing.
+        caption_tokens = captioner_for(model).tokens
         if data_collator is None:
             data_collator = CaptionCollator(
                 processing_class,
                 captions_per_image=args.xe_captions_per_image,
                 max_caption_length=args.max_caption_length + 2,  # + start and end tokens
+                caption_tokens=caption_tokens,
             )
         super().__init__(
             model=model,
@@ -157,8 +160,7 @@ class RLCaptionTrainer(Trainer):
         # Objectives return a per-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
         self._recorded_metrics: dict[str, list[float]] = defaultdict(list)
-        tokenizer = getattr(processing_class, "tokenizer", processing_class)
-        self.eos_token_id = tokenizer.eos_token_id
+        self.eos_token_id = caption_tokens.end_token_id
         self.reward_mix = None
         if objective_class.uses_rewards:
             self.reward_mix = self._build_reward_mix(reward_funcs, train_dataset)
@@ -235,33 +237,24 @@ class RLCaptionTrainer(Trainer):
     def _build_reward_mix(self, reward_funcs: RewardLike | Sequence[RewardLike] | None, train_dataset) -> RewardMix:
         if reward_funcs is None:
             reward_funcs = self.args.reward_funcs
-        elif isinstance(reward_funcs, str) or callable(reward_funcs):
+        elif isinstance(reward_funcs, str) or callable(reward_funcs) or is_group_reward(reward_funcs):
             reward_funcs = [reward_funcs]
         built = []
         for func in reward_funcs:
-            if not isinstance(func, str):
-                built.append(func)
-                continue
-            kwargs = {}
-            if func in _REWARDS_WITH_DOCUMENT_FREQUENCIES:
-                kwargs["document_frequencies"] = self._document_frequency_source(train_dataset, func)
-            built.append(get_reward(func, **kwargs))
-        return RewardMix(built, weights=self.args.reward_weights)
-
-    def _document_frequency_source(self, train_dataset, reward_name: str):
-        if self.args.document_frequencies is not None:
-            return self.args.document_frequencies
-        if train_dataset is None or "captions" not in getattr(train_dataset, "column_names", []):
-            raise ValueError(
-                f"The {reward_name!r} reward needs CIDEr-D document frequencies: pass a training dataset with a "
-                "`captions` column or set `document_frequencies` to a saved file."
-            )
-        return list(train_dataset["captions"])
+            if isinstance(func, str):
+                given = {}
+                if self.args.document_frequencies is not None and "document_frequencies" in reward_parameters(func):
+                    given["document_frequencies"] = self.args.document_frequencies
+                func = get_reward(func, **given)
+            built.append(func)
+        reward_mix = RewardMix(built, weights=self.args.reward_weights)
+        # once, before training: CIDEr-D's document frequencies of the training references, image embeddings, ...
+        reward_mix.prepare(train_dataset, self.processing_class)
+        return reward_mix
 
     def compute_rewards(
         self,
         completions: list[str],
-        references: list[list[str]],
         inputs: Mapping[str, Any],
         row_index: Sequence[int],
         log_prefix: str = "reward",
@@ -269,28 +262,43 @@ class RLCaptionTrainer(Trainer):
         """
         Scores captions with the weighted reward mix and records each reward's mean and std.
 
+        The captions are grouped by image: set-level rewards (`score_groups`) see every image's captions together and
+        each image's columns once; per-caption rewards see one row per caption.
+
         Args:
-            completions: decoded captions, `N` of them.
-            references: each caption's references.
-            inputs: the collated batch; its per-image columns (`image_id`, extra dataset columns, image tensors)
-                reach the reward functions as keyword arguments, selected by `row_index`.
+            completions: decoded captions, `N` of them, in any order.
+            inputs: the collated batch; its `references` and per-image columns (`image_id`, extra dataset columns,
+                image tensors) reach the reward functions as keyword arguments.
             row_index: for each caption, the row of its image in the batch.
 
         Returns:
-            `np.ndarray` of shape `(N,)`, the weighted total.
+            `np.ndarray` of shape `(N,)`, the weighted total of each caption, in the order of `completions`.
         """
         if self.reward_mix is None:
             raise RuntimeError(f"Objective {self.args.objective!r} declared no rewards but asked for them.")
-        columns = self._reward_columns(inputs, row_index)
-        totals, components = self.reward_mix.score(completions=completions, references=references, **columns)
+        if len(row_index) != len(completions):
+            raise ValueError(f"Got {len(completions)} completions but {len(row_index)} image rows.")
+        rows = list(dict.fromkeys(row_index))  # each image once, in order of first appearance
+        position = {row: index for index, row in enumerate(rows)}
+        groups: list[list[int]] = [[] for _ in rows]
+        for caption, row in enumerate(row_index):
+            groups[position[row]].append(caption)
+        totals, components = self.reward_mix.score_groups(
+            completions=[[completions[caption] for caption in group] for group in groups],
+            references=[inputs["references"][row] for row in rows],
+            **self._image_columns(inputs, rows),
+        )
         for name, values in components.items():
             self.record_metric(f"{log_prefix}/{name}/mean", float(np.mean(values)))
             self.record_metric(f"{log_prefix}/{name}/std", float(np.std(values)))
         self.record_metric(log_prefix, float(np.mean(totals)))
-        return np.asarray(totals, dtype=np.float64)
+        rewards = np.empty(len(completions), dtype=np.float64)
+        rewards[[caption for group in groups for caption in group]] = totals  # back from group order
+        return rewards
 
     @staticmethod
-    def _reward_columns(inputs: Mapping[str, Any], row_index: Sequence[int]) -> dict[str, Any]:
+    def _image_columns(inputs: Mapping[str, Any], rows: Sequence[int]) -> dict[str, Any]:
+        """The batch's per-image columns (lists and tensors with one row per image), at `rows`."""
         batch_size = len(inputs["references"])
         index_tensor = None
         columns: dict[str, Any] = {}
@@ -298,10 +306,10 @@ class RLCaptionTrainer(Trainer):
             if name == "references" or name.startswith("caption_"):
                 continue
             if isinstance(value, list) and len(value) == batch_size:
-                columns[name] = [value[i] for i in row_index]
+                columns[name] = [value[row] for row in rows]
             elif isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == batch_size:
                 if index_tensor is None:
-                    index_tensor = torch.as_tensor(list(row_index), device=value.device)
+                    index_tensor = torch.as_tensor(list(rows), device=value.device)
                 columns[name] = value.index_select(0, index_tensor)
         return columns
 
@@ -312,30 +320,32 @@ class RLCaptionTrainer(Trainer):
     def sample_captions(
         self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
     ) -> GeneratedCaptions:
-        """`num_return_sequences` captions per image by pure sampling at `args.temperature` (no top-k/top-p)."""
-        return generate_captions(
-            self._generation_model(),
-            self.processing_class,
-            image_inputs,
+        """
+        `num_return_sequences` captions per image, sampled at `args.temperature` with `args.top_k` and `args.top_p`
+        (pure sampling by default), of at most `args.max_caption_length` tokens, in evaluation mode.
+
+        These settings are the whole decoding configuration: the model's own generation config (a Hub checkpoint's
+        repetition penalty, n-gram blocking, length limits, forced or banned tokens, ...) is ignored except for its
+        special token ids, so that RL samples from the policy it scores.
+        """
+        sampling = GenerationConfig(
             do_sample=True,
             num_beams=1,
-            top_k=0,
-            top_p=1.0,
             temperature=self.args.temperature,
+            top_k=self.args.top_k,
+            top_p=self.args.top_p,
             num_return_sequences=num_return_sequences,
-            max_length=self.args.max_caption_length + 1,  # + the start token
+            max_new_tokens=self.args.max_caption_length,
         )
+        return generate_captions(self._generation_model(), self.processing_class, image_inputs, sampling)
 
     def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
-        """The greedy caption of every image (the self-critical baseline)."""
-        return generate_captions(
-            self._generation_model(),
-            self.processing_class,
-            image_inputs,
-            do_sample=False,
-            num_beams=1,
-            max_length=self.args.max_caption_length + 1,  # + the start token
-        )
+        """
+        The greedy caption of every image (the self-critical baseline), of at most `args.max_caption_length` tokens;
+        the model's own generation settings are ignored, as in [`sample_captions`].
+        """
+        greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=self.args.max_caption_length)
+        return generate_captions(self._generation_model(), self.processing_class, image_inputs, greedy)
 
     # ------------------------------------------------------------------ optimizer
     def create_optimizer(self, model=None):
@@ -411,20 +421,19 @@ class RLCaptionTrainer(Trainer):
 
     def caption_dataset(self, dataset) -> tuple[dict[Any, str], dict[Any, list[str]]]:
         """
-        Beam-search captions for every image of `dataset` (sharded over processes, then gathered).
+        Beam-search captions (`args.eval_num_beams` beams, at most `args.max_caption_length` tokens; the model's own
+        generation settings are ignored, as in [`sample_captions`]) for every image of `dataset`, sharded over
+        processes, then gathered.
 
         Returns:
-            `(predictions, references)` keyed by `image_id`, as [`rlcaption.metrics.evaluate_captions`] takes them.
+            `(predictions, references)` keyed by `image_id`, or by row index for a dataset without that column, as
+            [`rlcaption.metrics.evaluate_captions`] takes them.
         """
-        batches = (self._prepare_inputs(batch) for batch in self.get_eval_dataloader(dataset))
-        predictions = caption_batches(
-            self._generation_model(),
-            self.processing_class,
-            batches,
-            do_sample=False,
-            num_beams=self.args.eval_num_beams,
-            max_length=self.args.max_caption_length + 1,  # + the start token
+        batches = (self._prepare_inputs(batch) for batch in self.get_eval_dataloader(with_image_ids(dataset)))
+        beam_search = GenerationConfig(
+            do_sample=False, num_beams=self.args.eval_num_beams, max_new_tokens=self.args.max_caption_length
         )
+        predictions = caption_batches(self._generation_model(), self.processing_class, batches, beam_search)
         gathered = gather_object(predictions) if self.accelerator.num_processes > 1 else predictions
         # Uneven splits are padded with repeated rows across processes: keep one caption per image id.
         captions = {image_id: text for image_id, text, _ in gathered}

@@ -1,0 +1,356 @@
+"""
+What rlcaption needs to know about each family of captioning models, in one place.
+
+Objectives need three things from a captioner: the tokens that start and end its captions, captions decoded by
+`generate()` with the trainer's settings, and the log-probabilities of given captions under teacher forcing. Each
+family provides them its own way:
+
+- `ShowTellRL`: bos and eos; `model(input_ids, pixel_values | image_features)`, each image encoded once for all
+  its captions.
+- `VisionEncoderDecoderModel` (GPT-2, BERT, ... decoder): decoder_start_token_id and eos;
+  `model(pixel_values, decoder_input_ids)`.
+- `BlipForConditionalGeneration`: the text decoder's bos and sep tokens (what its `generate` uses);
+  `model(pixel_values, input_ids)`.
+- `GitForCausalLM`: bos and eos; `model(pixel_values, input_ids)`, whose logits cover the image positions first and
+  then the caption's.
+
+The start and end tokens are the model's (its generation config's, or for BLIP the ones its `generate` hard-codes),
+never guessed from the tokenizer: a BERT tokenizer has no bos or eos token, and BLIP starts captions with a token
+its tokenizer does not add. [`captioner_for`] picks a model's family and refuses a model it cannot caption with,
+naming the missing capability.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from transformers import (
+    BlipForConditionalGeneration,
+    GenerationConfig,
+    GitForCausalLM,
+    VisionEncoderDecoderModel,
+)
+
+__all__ = [
+    "BlipCaptioner",
+    "CaptionTokens",
+    "Captioner",
+    "GitCaptioner",
+    "ShowTellRLCaptioner",
+    "VisionEncoderDecoderCaptioner",
+    "captioner_for",
+]
+
+
+@dataclass(frozen=True)
+class CaptionTokens:
+    """
+    The special tokens that frame a model's captions. `generate()` starts every sequence with `start_token_id` and
+    stops at `end_token_id`; references are tokenized as `start w_1 ... w_n end pad ...`, so teacher forcing and
+    sampling see sequences of the same form.
+
+    Args:
+        start_token_id (`int`): the first token of every caption sequence.
+        end_token_id (`int`): the token that ends a caption.
+        pad_token_id (`int`): the token after the end (the end token for models without a pad token, as GPT-2).
+    """
+
+    start_token_id: int
+    end_token_id: int
+    pad_token_id: int
+
+
+def _first_set(*candidates: Any) -> int | None:
+    """The first candidate that is set; the first id of a list (a generation config may list several eos ids)."""
+    for value in candidates:
+        if isinstance(value, list | tuple):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return None
+
+
+class Captioner:
+    """
+    Adapter from one family of captioning models to what objectives need; get one with [`captioner_for`].
+
+    Subclasses say which models they handle, where their special tokens live, and how to get the logits of given
+    captions; this class implements decoding with an explicit generation config and the selection of image rows.
+
+    Args:
+        model (`nn.Module`): the unwrapped model (not a DDP wrapper).
+    """
+
+    family: ClassVar[str]
+    # The batch keys of image inputs the family's forward and generate take.
+    image_input_names: ClassVar[tuple[str, ...]] = ("pixel_values",)
+    # The generation-config field that holds the start token.
+    start_token_field: ClassVar[str] = "bos_token_id"
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.tokens = self._caption_tokens()
+
+    @classmethod
+    def handles(cls, model: nn.Module) -> bool:
+        """Whether `model` belongs to this family."""
+        raise NotImplementedError
+
+    def _declared_tokens(self) -> tuple[int | None, int | None, int | None]:
+        """The model's `(start, end, pad)` token ids, `None` where it declares none."""
+        generation, config = self.model.generation_config, self.model.config
+        return (
+            _first_set(generation.bos_token_id, config.bos_token_id),
+            _first_set(generation.eos_token_id, config.eos_token_id),
+            _first_set(generation.pad_token_id, config.pad_token_id),
+        )
+
+    def _caption_tokens(self) -> CaptionTokens:
+        start, end, pad = self._declared_tokens()
+        name = type(self.model).__name__
+        if start is None:
+            raise ValueError(
+                f"{name} declares no start token (generation_config.{self.start_token_field} is None): set "
+                f"`model.generation_config.{self.start_token_field}` to the token its captions start with (for a "
+                "BERT tokenizer, `tokenizer.cls_token_id`)."
+            )
+        if end is None:
+            raise ValueError(
+                f"{name} declares no end token (generation_config.eos_token_id is None), so its captions would never "
+                "end and references would be tokenized without an end token: set "
+                "`model.generation_config.eos_token_id` (for a BERT tokenizer, `tokenizer.sep_token_id`)."
+            )
+        return CaptionTokens(start_token_id=start, end_token_id=end, pad_token_id=end if pad is None else pad)
+
+    # ---------------------------------------------------------------- decoding
+    @property
+    def generation_module(self) -> nn.Module:
+        """The module whose `generate()` runs the decoding loop and reads `generation_config`."""
+        return self.model
+
+    def complete_generation_config(self, generation_config: GenerationConfig) -> GenerationConfig:
+        """A copy of `generation_config` with the model's special token ids (see [`CaptionTokens`])."""
+        config = copy.deepcopy(generation_config)
+        setattr(config, self.start_token_field, self.tokens.start_token_id)
+        config.eos_token_id = self.tokens.end_token_id
+        config.pad_token_id = self.tokens.pad_token_id
+        return config
+
+    def generate(self, image_inputs: Mapping[str, torch.Tensor], generation_config: GenerationConfig) -> Any:
+        """
+        `model.generate(**image_inputs)` with exactly `generation_config` and the model's special token ids.
+
+        `generate()` fills every setting a given config leaves unset from the model's own generation config, so a
+        checkpoint's repetition penalty, n-gram blocking, length limits, forced or banned tokens would still apply.
+        The model's generation config is therefore replaced by the completed one for the call: the settings of
+        `generation_config` (and the library defaults for what it leaves unset) win, the checkpoint keeps only its
+        special token ids.
+
+        Returns:
+            what `generate()` returns: the sequences `(num_captions, length)`, starting with the start token, or a
+            `GenerateOutput` when the config asks for one.
+        """
+        config = self.complete_generation_config(generation_config)
+        module = self.generation_module
+        own_config = module.generation_config
+        module.generation_config = config
+        try:
+            return self._call_generate(self._image_inputs(image_inputs), config)
+        finally:
+            module.generation_config = own_config
+
+    def _call_generate(self, image_inputs: dict[str, torch.Tensor], config: GenerationConfig) -> Any:
+        return self.model.generate(**image_inputs, generation_config=config)
+
+    # ---------------------------------------------------------------- scoring
+    def caption_logits(
+        self,
+        model: nn.Module,
+        image_inputs: Mapping[str, torch.Tensor],
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        image_index: torch.LongTensor | None = None,
+    ) -> torch.FloatTensor:
+        """
+        Next-token logits of given captions under teacher forcing, over the caption's positions only:
+        `logits[:, t]` scores token `t + 1`.
+
+        Args:
+            model: the model to call, possibly wrapped for DDP (its forward synchronises the gradients).
+            image_inputs: image tensors, one row per caption, or one row per image with `image_index`.
+            input_ids (`torch.LongTensor` of shape `(N, T)`): captions starting with the start token.
+            attention_mask (`torch.Tensor` of shape `(N, T)`, *optional*): 0 at padding.
+            image_index (`torch.LongTensor` of shape `(N,)`, *optional*): the row of each caption's image.
+
+        Returns:
+            `torch.FloatTensor` of shape `(N, T - 1, vocab_size)`.
+        """
+        image_inputs = self._image_inputs(image_inputs)
+        if image_index is not None:
+            image_inputs = {name: tensor.index_select(0, image_index) for name, tensor in image_inputs.items()}
+        return self._logits(model, image_inputs, input_ids, attention_mask)[:, :-1]  # (N, T-1, V)
+
+    def _logits(
+        self,
+        model: nn.Module,
+        image_inputs: dict[str, torch.Tensor],
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.FloatTensor:
+        """Logits at every caption position, `(N, T, vocab_size)`."""
+        raise NotImplementedError
+
+    def _image_inputs(self, image_inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        selected = {name: image_inputs[name] for name in self.image_input_names if image_inputs.get(name) is not None}
+        if not selected:
+            raise ValueError(
+                f"{type(self.model).__name__} takes {' or '.join(self.image_input_names)}, but the batch has "
+                f"{sorted(image_inputs)}: give it images (an `image` or `pixel_values` column), not precomputed "
+                "features."
+            )
+        return selected
+
+
+class ShowTellRLCaptioner(Captioner):
+    """rlcaption's ShowTellRL (also when loaded as remote code): encodes each image once for several captions."""
+
+    family = "ShowTellRL"
+    image_input_names = ("pixel_values", "image_features")
+
+    @classmethod
+    def handles(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) == "show_tell_rl"
+
+    def caption_logits(self, model, image_inputs, input_ids, attention_mask=None, image_index=None):
+        image_inputs = self._image_inputs(image_inputs)
+        if image_index is not None:
+            image_inputs["image_index"] = image_index  # shares each image's encoding among its captions
+        return self._logits(model, image_inputs, input_ids, attention_mask)[:, :-1]  # (N, T-1, V)
+
+    def _logits(self, model, image_inputs, input_ids, attention_mask):
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **image_inputs).logits
+
+
+class VisionEncoderDecoderCaptioner(Captioner):
+    """`VisionEncoderDecoderModel` with any decoder (GPT-2, BERT, ...): the caption is the decoder's input."""
+
+    family = "VisionEncoderDecoderModel"
+    start_token_field = "decoder_start_token_id"
+
+    @classmethod
+    def handles(cls, model: nn.Module) -> bool:
+        return isinstance(model, VisionEncoderDecoderModel)
+
+    def _declared_tokens(self):
+        generation, config = self.model.generation_config, self.model.config
+        decoder = config.decoder
+        return (
+            _first_set(
+                generation.decoder_start_token_id,
+                getattr(config, "decoder_start_token_id", None),
+                decoder.bos_token_id,
+            ),
+            _first_set(generation.eos_token_id, decoder.eos_token_id),
+            _first_set(generation.pad_token_id, getattr(config, "pad_token_id", None), decoder.pad_token_id),
+        )
+
+    def _logits(self, model, image_inputs, input_ids, attention_mask):
+        return model(
+            **image_inputs, decoder_input_ids=input_ids, decoder_attention_mask=attention_mask, use_cache=False
+        ).logits
+
+
+class BlipCaptioner(Captioner):
+    """
+    `BlipForConditionalGeneration`. Its `generate` starts captions with the text decoder's bos token (`[DEC]` in the
+    published checkpoints, not the tokenizer's `[CLS]`), stops at the text decoder's sep token, and decodes with the
+    text decoder's own `generate`, whose generation config is the one to replace.
+    """
+
+    family = "BlipForConditionalGeneration"
+
+    @classmethod
+    def handles(cls, model: nn.Module) -> bool:
+        return isinstance(model, BlipForConditionalGeneration)
+
+    def _declared_tokens(self):
+        text_config = self.model.config.text_config
+        return text_config.bos_token_id, text_config.sep_token_id, text_config.pad_token_id
+
+    @property
+    def generation_module(self) -> nn.Module:
+        return self.model.text_decoder
+
+    def _call_generate(self, image_inputs, config):
+        # BLIP passes its own eos and pad ids to the text decoder's generate; with a config passed as well,
+        # generate would warn that both were given. The replaced generation config carries the settings instead.
+        return self.model.generate(**image_inputs)
+
+    def _logits(self, model, image_inputs, input_ids, attention_mask):
+        return model(**image_inputs, input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+class GitCaptioner(Captioner):
+    """
+    `GitForCausalLM`: one sequence of image tokens followed by the caption, so its logits cover the image positions
+    too; only the last `T` positions, the caption's, are kept.
+    """
+
+    family = "GitForCausalLM"
+
+    @classmethod
+    def handles(cls, model: nn.Module) -> bool:
+        return isinstance(model, GitForCausalLM)
+
+    def _logits(self, model, image_inputs, input_ids, attention_mask):
+        logits = model(**image_inputs, input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return logits[:, -input_ids.size(1) :]  # (N, T, V): the caption's positions, after the image's
+
+
+_CAPTIONERS: tuple[type[Captioner], ...] = (
+    ShowTellRLCaptioner,
+    VisionEncoderDecoderCaptioner,
+    BlipCaptioner,
+    GitCaptioner,
+)
+
+
+def _missing_capability(model: nn.Module) -> str:
+    """Why rlcaption cannot train `model`, in words."""
+    if not callable(getattr(model, "generate", None)):
+        return "it has no `generate()` to decode captions with (it is not a `GenerationMixin` model)"
+    parameters = inspect.signature(model.forward).parameters
+    if not any(name in parameters for name in ("pixel_values", "image_features")):
+        return "it has no image input: its `forward()` takes neither `pixel_values` nor `image_features`"
+    return (
+        "rlcaption does not know where its logits of a given caption are (the teacher-forced log-probabilities "
+        "policy gradients and cross-entropy need), nor which tokens frame its captions"
+    )
+
+
+def captioner_for(model: nn.Module) -> Captioner:
+    """
+    The [`Captioner`] of `model`'s family.
+
+    Args:
+        model: a captioning model, or a DDP wrapper of one (`.module` is used).
+
+    Raises:
+        `ValueError`: for a model of no supported family, naming the capability it lacks; or for a supported model
+            that declares no start or end token, naming the setting to add.
+    """
+    module = getattr(model, "module", model)
+    for family in _CAPTIONERS:
+        if family.handles(module):
+            return family(module)
+    supported = ", ".join(family.family for family in _CAPTIONERS)
+    raise ValueError(
+        f"Cannot train or decode captions with {type(module).__name__}: {_missing_capability(module)}. Supported "
+        f"captioners: {supported}."
+    )

@@ -33,6 +33,7 @@ __all__ = [
     "GeneratedCaptions",
     "caption_logits",
     "caption_token_mask",
+    "evaluation_mode",
     "generate_captions",
     "image_inputs_of",
     "repeat_image_inputs",
@@ -77,7 +78,7 @@ def repeat_image_inputs(image_inputs: Mapping[str, torch.Tensor], index: torch.L
 
 
 @contextmanager
-def _evaluation_mode(model: nn.Module) -> Iterator[None]:
+def evaluation_mode(model: nn.Module) -> Iterator[None]:
     """Runs the block with `model` in evaluation mode (no dropout), then restores its mode."""
     was_training = model.training
     model.eval()
@@ -120,7 +121,7 @@ def generate_captions(
             f"Got both a generation_config and generation keyword arguments {sorted(generation_kwargs)}; put those "
             "settings in the generation_config."
         )
-    with _evaluation_mode(model):
+    with evaluation_mode(model):
         if generation_config is not None:
             output = captioner_for(model).generate(image_inputs, generation_config)
         else:
@@ -204,5 +205,5 @@ def sample_token_log_probs(
     Returns:
         `torch.FloatTensor` of shape `(N, T - 1)`; mask it with [`caption_token_mask`].
     """
-    with _evaluation_mode(model):
+    with evaluation_mode(model):
         return token_log_probs(model, image_inputs, sequences, image_index=image_index)

@@ -9,6 +9,7 @@ from transformers import TrainerCallback
 
 from rlcaption.data import load_shapes
 from rlcaption.decoding import caption_token_mask, generate_captions
+from rlcaption.objectives import spider_pg as spider_pg_module
 from rlcaption.objectives.spider_pg import (
     Rollouts,
     SpiderPGBaseline,
@@ -415,3 +416,35 @@ def test_resumed_spider_pg_equals_uninterrupted_training_in_either_phase(process
             torch.testing.assert_close(tensor, expected_model[name], rtol=0, atol=0, msg=name)
         for name, tensor in resumed.auxiliary_state_dict().items():
             torch.testing.assert_close(tensor, expected_baseline[name], rtol=0, atol=0, msg=name)
+
+
+def test_spider_pg_scores_captions_under_the_policy_that_sampled_them(processor, shapes, tmp_path, monkeypatch):
+    # with dropout active in training mode, scoring in training mode would use another policy than sampling did
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0, dropout=0.5)
+    trainer = make_trainer(model, processor, shapes, tmp_path / "out")
+    sampled, scored = [], []
+    sample_captions = trainer.sample_captions
+
+    def recording_sample_captions(*args, **kwargs):
+        sampled.append(sample_captions(*args, **kwargs))
+        return sampled[-1]
+
+    monkeypatch.setattr(trainer, "sample_captions", recording_sample_captions)
+    losses = spider_pg_module.spider_pg_losses
+
+    def recording_losses(token_log_probs, *args):
+        scored.append(token_log_probs.detach())
+        return losses(token_log_probs, *args)
+
+    monkeypatch.setattr(spider_pg_module, "spider_pg_losses", recording_losses)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    model.train()
+    trainer.compute_loss(model, batch)
+    assert model.training  # the mode is restored
+    sequences = sampled[0].sequences
+    mask = caption_token_mask(sequences, EOS).bool()
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=sequences, pixel_values=batch["pixel_values"], use_cache=False).logits[:, :-1]
+    expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, sequences[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(scored[0][mask], expected[mask], rtol=1e-5, atol=1e-5)

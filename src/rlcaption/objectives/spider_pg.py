@@ -22,8 +22,8 @@ the reference the batched decoder is tested and benchmarked against.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..decoding import caption_token_mask, image_inputs_of, repeat_image_inputs
+from ..decoding import caption_token_mask, evaluation_mode, image_inputs_of, repeat_image_inputs
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .scst import policy_gradient_loss
 
@@ -95,18 +95,6 @@ def _sample_from(logits: torch.Tensor, uniforms: torch.Tensor, temperature: floa
     return torch.searchsorted(cumulative, uniforms[:, None].to(cumulative.dtype), right=True).squeeze(1)
 
 
-@contextmanager
-def _evaluation_mode(model: nn.Module) -> Iterator[None]:
-    """Rollouts sample from the policy itself: no dropout, no gradient; the previous mode is restored."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
 def _empty_rollouts(sequences: torch.LongTensor, max_length: int, pad_token_id: int) -> Rollouts:
     empty = torch.zeros(0, dtype=torch.long, device=sequences.device)
     return Rollouts(sequences.new_full((0, max_length + 1), pad_token_id), empty, empty)
@@ -165,7 +153,7 @@ def sample_rollouts(
     if image_index is not None:
         image_inputs = repeat_image_inputs(image_inputs, image_index)
 
-    with _evaluation_mode(model):
+    with evaluation_mode(model), torch.no_grad():
         # 1. LSTM state after every prefix of the sampled captions: (L, N, T+1, H) each
         prefix_states = model.prefix_states(sequences, **image_inputs)
         # 2. each rollout row starts from the state after <bos> g_{1:t-1} and reads g_t, whose logits give token t+1
@@ -213,7 +201,7 @@ def sample_rollouts_per_prefix(
     if uniforms is None:
         uniforms = torch.rand(num_rows, max_length, device=sequences.device)
     completed = _prefix_sequences(sequences, caption_index, prefix_length, max_length + 1, pad_token_id)
-    with _evaluation_mode(model):
+    with evaluation_mode(model), torch.no_grad():
         for first in range(0, num_rows, num_rollouts):
             caption, length = int(caption_index[first]), int(prefix_length[first])
             image_row = caption if image_index is None else int(image_index[caption])
@@ -414,8 +402,9 @@ class SpiderPGObjective(CaptionObjective):
 
         # 3. log π(g_t | s_t) from one forward pass with gradient (through the wrapped model), B_phi(s_t) from its
         # hidden states (through the wrapped baseline); while the baseline is pretrained, the policy is fixed
+        # in evaluation mode, as the captions and rollouts were sampled: the gradient is that of the sampling policy
         pretraining_baseline = self.current_phase().name == "baseline_pretraining"
-        with torch.no_grad() if pretraining_baseline else nullcontext():
+        with evaluation_mode(model), torch.no_grad() if pretraining_baseline else nullcontext():
             outputs = (policy if pretraining_baseline else model)(
                 **image_inputs, input_ids=sequences, image_index=sample_index, use_cache=False,
                 output_hidden_states=True,

@@ -292,3 +292,22 @@ def test_forward_through_runs_a_method_inside_the_wrapper_forward(tiny_processor
     assert model(input_ids=ids, pixel_values=pixels).logits.shape == (1, 3, model.config.vocab_size)
     # without a wrapper it is the plain method call
     torch.testing.assert_close(forward_through(model, "caption_log_probs", ids, pixel_values=pixels), through)
+
+
+def test_auxiliary_networks_follow_mixed_precision(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="spider_pg", bf16=True, max_steps=2
+    )
+    before = {name: tensor.clone() for name, tensor in trainer.auxiliary_state_dict().items()}
+    trainer.train()
+    hidden_states = torch.randn(2, 3, tiny_model.config.hidden_size)
+    # accelerate's wrapper computes in bfloat16 and hands float32 back: the values are bfloat16 numbers
+    values = trainer.auxiliary_network("baseline")(hidden_states)
+    assert values.dtype == torch.float32 and torch.equal(values, values.to(torch.bfloat16).float())
+    full_precision = trainer.objective.baseline.mlp(hidden_states).squeeze(-1)  # the layers, without the wrapper
+    assert not torch.equal(values, full_precision)
+    torch.testing.assert_close(values, full_precision, rtol=2e-2, atol=2e-2)
+    after = trainer.auxiliary_state_dict()
+    for name, tensor in after.items():
+        assert tensor.dtype == torch.float32, name  # master weights stay in full precision
+        assert not torch.equal(tensor, before[name]), name

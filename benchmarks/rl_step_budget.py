@@ -64,8 +64,8 @@ from typing import Any
 import datasets
 import numpy as np
 import torch
+from bench_metrics import FixedDocumentFrequencyCiderScorer  # run as a script: benchmarks/ is on the path
 from pycocoevalcap.cider.cider import Cider
-from pycocoevalcap.cider.cider_scorer import CiderScorer
 
 from rlcaption.data import load_shapes
 from rlcaption.metrics import tokenization
@@ -79,21 +79,6 @@ from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 OBJECTIVES = ("xe", "scst", "spider_pg")
 LEARNING_RATES = {"xe": 2e-3, "scst": 5e-4, "spider_pg": 5e-4}  # the demo's and the recipes'
 AGREEMENT_TOLERANCE = 1e-9
-
-
-class FixedDocumentFrequencyCiderScorer(CiderScorer):
-    """pycocoevalcap's scorer with document frequencies from a training corpus (self-critical.pytorch's CiderD).
-
-    `compute_cider` overwrites `ref_len` with log(number of scored captions); the property ignores that write so the
-    reference code runs unmodified with `ref_len = log(number of images in the df corpus)`.
-    """
-
-    ref_len = property(lambda self: self._fixed_ref_len, lambda self, value: None)
-
-    def __init__(self, document_frequency: defaultdict, num_documents: int):
-        super().__init__(n=4, sigma=6.0)
-        self.document_frequency = document_frequency
-        self._fixed_ref_len = np.log(float(num_documents))
 
 
 @dataclass
@@ -117,13 +102,13 @@ class RewardClock:
         self.calls: list[tuple[Any, ...]] = []
         original = trainer.compute_rewards
 
-        def compute_rewards(completions, references, inputs, row_index, *args, **kwargs):
+        def compute_rewards(completions, inputs, row_index, *args, **kwargs):
             start = time.perf_counter()
             try:
-                return original(completions, references, inputs, row_index, *args, **kwargs)
+                return original(completions, inputs, row_index, *args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - start
-                self.calls.append((completions, references, inputs, row_index))
+                self.calls.append((completions, inputs, row_index))
 
         trainer.compute_rewards = compute_rewards
 
@@ -133,7 +118,8 @@ class RewardClock:
 
     def recorded_calls(self) -> list[RewardCall]:
         calls = []
-        for completions, references, inputs, row_index in self.calls:
+        for completions, inputs, row_index in self.calls:
+            references = [inputs["references"][row] for row in row_index]
             image_ids = inputs["image_id"]
             image_ids = image_ids.tolist() if hasattr(image_ids, "tolist") else list(image_ids)
             calls.append(

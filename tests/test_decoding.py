@@ -14,12 +14,14 @@ from transformers import (
     PreTrainedModel,
 )
 
+from rlcaption import decoding
 from rlcaption.captioners import captioner_for
 from rlcaption.decoding import (
     caption_logits,
     caption_token_mask,
     generate_captions,
     sample_token_log_probs,
+    selective_log_softmax,
     token_log_probs,
 )
 from rlcaption.processing import CaptionProcessor
@@ -74,6 +76,31 @@ def test_log_probs_of_generated_captions_match_generation_scores(model_kind, sho
     logits = caption_logits(model, {"pixel_values": pixel_values}, generated.sequences)
     best = torch.log_softmax(logits.float(), dim=-1).max(dim=-1).values
     torch.testing.assert_close(log_probs * mask, best * mask, rtol=1e-5, atol=1e-5)
+
+
+def test_selective_log_softmax_is_the_float32_log_probability_of_each_token():
+    logits = torch.randn(2, 3, 7).to(torch.bfloat16)
+    tokens = torch.randint(0, 7, (2, 3))
+    expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    assert selective_log_softmax(logits, tokens).dtype == torch.float32
+    torch.testing.assert_close(selective_log_softmax(logits, tokens), expected)
+
+
+def test_the_model_scores_captions_with_the_shared_log_probabilities(show_tell, processor, monkeypatch):
+    calls = []
+
+    def recording(logits, tokens):
+        calls.append(tokens)
+        return selective_log_softmax(logits, tokens)
+
+    monkeypatch.setattr(decoding, "selective_log_softmax", recording)
+    encoded = processor(text=CAPTIONS, return_tensors="pt")
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    pixel_values = images(3)
+    via_model = show_tell.caption_log_probs(ids, mask, pixel_values=pixel_values)
+    shared = token_log_probs(show_tell, {"pixel_values": pixel_values}, ids, mask)
+    assert len(calls) == 2  # one implementation behind both
+    torch.testing.assert_close(via_model, shared.masked_fill(mask[:, 1:] == 0, 0.0))
 
 
 # ----------------------------------------------------------------------------------------------------------------

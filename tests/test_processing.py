@@ -182,6 +182,19 @@ def test_unsupported_images_name_the_bad_value(processor):
         processor(images=[])
 
 
+def test_image_errors_name_the_image_of_the_batch(processor, tmp_path):
+    good = Image.new("RGB", (20, 20))
+    with pytest.raises(ValueError, match=r"Image 1 of the batch \(int32 array of shape \(16, 16, 3\)\).*uint8"):
+        processor(images=[np.zeros((16, 16, 3), np.uint8), np.zeros((16, 16, 3), np.int32)])
+    with pytest.raises(ValueError, match=r"Image 2 of the batch.*Unsupported image type str"):
+        processor(images=[good, good, "image.png"])
+    path = tmp_path / "cut.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, size=(64, 64, 3), dtype=np.uint8)).save(path)
+    path.write_bytes(path.read_bytes()[:2000])
+    with pytest.raises(ValueError, match=r"Image 1 of the batch \(image file .*cut\.png\).*truncated or corrupt"):
+        processor(images=[good, Image.open(path)])
+
+
 def test_very_large_image_is_reduced_before_resizing(processor):
     large = Image.new("RGB", (4000, 3000), (0, 0, 255))
     blue = _pixels(processor, Image.new("RGB", (16, 16), (0, 0, 255)))

@@ -1,6 +1,6 @@
 """
 Decoding and scoring of captions: the one place where objectives, evaluation and scripts call `generate()` and
-compute log-probabilities of given captions.
+compute log-probabilities of given captions ([`selective_log_softmax`] for logits already computed).
 
 Works with every captioner family of [`rlcaption.captioners`] (ShowTellRL, `VisionEncoderDecoderModel`, BLIP, GIT),
 which knows each family's special tokens, generation call and logits layout.
@@ -38,6 +38,7 @@ __all__ = [
     "image_inputs_of",
     "repeat_image_inputs",
     "sample_token_log_probs",
+    "selective_log_softmax",
     "token_log_probs",
 ]
 
@@ -173,6 +174,22 @@ def caption_logits(
     return captioner_for(model).caption_logits(model, image_inputs, input_ids, attention_mask, image_index)
 
 
+def selective_log_softmax(logits: torch.Tensor, token_ids: torch.LongTensor) -> torch.FloatTensor:
+    """
+    Log-probability of each given token under its logits, computed in float32 (half-precision log-softmax loses the
+    small differences between log-probabilities that policy gradients weigh).
+
+    Args:
+        logits (`torch.Tensor` of shape `(..., vocab_size)`): next-token scores.
+        token_ids (`torch.LongTensor` of shape `(...)`): the token scored at each position.
+
+    Returns:
+        `torch.FloatTensor` of shape `(...)`.
+    """
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    return log_probs.gather(-1, token_ids.to(logits.device).unsqueeze(-1)).squeeze(-1)
+
+
 def token_log_probs(
     model: nn.Module,
     image_inputs: Mapping[str, torch.Tensor],
@@ -188,8 +205,7 @@ def token_log_probs(
         `torch.FloatTensor` of shape `(N, T - 1)`; mask it with [`caption_token_mask`].
     """
     logits = caption_logits(model, image_inputs, sequences, attention_mask, image_index)  # (N, T-1, V)
-    log_probs = F.log_softmax(logits.float(), dim=-1)
-    return log_probs.gather(-1, sequences[:, 1:].unsqueeze(-1)).squeeze(-1)  # (N, T-1)
+    return selective_log_softmax(logits, sequences[:, 1:])  # (N, T-1)
 
 
 def sample_token_log_probs(

@@ -1,4 +1,5 @@
-"""Evaluate a captioning model on a dataset split: caption every image, then score with the caption metrics."""
+"""Evaluate a captioning model on a dataset split: caption every image, then score with the caption metrics, the
+diversity metrics and an evaluator CLIP."""
 
 from __future__ import annotations
 
@@ -12,9 +13,22 @@ from transformers import GenerationConfig
 
 from .data.collator import CaptionCollator
 from .decoding import generate_captions, image_inputs_of
-from .metrics import evaluate_captions, scene_grounding
+from .metrics import clip_retrieval, clip_score, evaluate_captions, scene_grounding, self_bleu, set_diversity
+from .metrics.tokenization import normalize_caption
 
-__all__ = ["caption_batches", "caption_dataset", "evaluate_model", "scene_grounding_scores", "with_image_ids"]
+__all__ = [
+    "caption_batches",
+    "caption_dataset",
+    "check_image_ids",
+    "clip_scores",
+    "diversity_scores",
+    "evaluate_model",
+    "scene_grounding_scores",
+    "with_image_ids",
+]
+
+# The keys `set_diversity` reports, by the name `diversity_scores` takes.
+_SET_DIVERSITY_KEYS = {"div_1": "Div-1", "div_2": "Div-2", "mbleu_4": "mBLEU-4"}
 
 
 def with_image_ids(dataset):
@@ -27,6 +41,15 @@ def with_image_ids(dataset):
     if column_names is None or "image_id" in column_names or not hasattr(dataset, "add_column"):
         return dataset
     return dataset.add_column("image_id", list(range(len(dataset))))
+
+
+def check_image_ids(batch: Mapping[str, Any]) -> None:
+    """Refuses a collated batch without `image_id`: captions of different batches could not be told apart."""
+    if batch.get("image_id") is None:
+        raise ValueError(
+            "The batch has no `image_id`, so captions cannot be grouped with their references across batches; "
+            "add an `image_id` column (a `datasets.Dataset` gets its row index through `with_image_ids`)."
+        )
 
 
 def caption_batches(
@@ -49,11 +72,7 @@ def caption_batches(
     device = next(model.parameters()).device
     captioned = []
     for batch in batches:
-        if batch.get("image_id") is None:
-            raise ValueError(
-                "The batch has no `image_id`, so captions cannot be grouped with their references across batches; "
-                "add an `image_id` column (a `datasets.Dataset` gets its row index through `with_image_ids`)."
-            )
+        check_image_ids(batch)
         image_inputs = {name: tensor.to(device) for name, tensor in image_inputs_of(batch).items()}
         generated = generate_captions(model, processor, image_inputs, generation_config, **generation_kwargs)
         captioned.extend(zip(batch["image_id"], generated.texts, batch["references"], strict=True))
@@ -110,6 +129,71 @@ def scene_grounding_scores(predictions: Mapping[Any, str], dataset) -> dict[str,
             f"Captioned image id {unknown[0]!r} is not in the dataset's `image_id` column ({len(unknown)} such ids)."
         )
     return scene_grounding(predictions, {key: scenes[key] for key in predictions})
+
+
+def diversity_scores(
+    predictions: Mapping[Any, str],
+    beams: Mapping[Any, Sequence[str]] | None,
+    metrics: Sequence[str],
+) -> dict[str, float]:
+    """
+    Diversity of generated captions ([`rlcaption.metrics.diversity`], on normalized captions).
+
+    Args:
+        predictions: the caption of each image, keyed by `image_id`.
+        beams: several captions of each image (e.g. its best beams), for `div_1`, `div_2` and `mbleu_4`.
+        metrics: among `div_1`, `div_2`, `mbleu_4` (over each image's `beams`, averaged over images), `self_bleu`
+            and `distinct_captions` (over `predictions`: Self-BLEU-4, and the number of different captions).
+
+    Returns:
+        `Div-1`, `Div-2`, `mBLEU-4`, `Self-BLEU`, `distinct_captions`: those of `metrics`.
+    """
+    scores: dict[str, float] = {}
+    set_metrics = [name for name in metrics if name in _SET_DIVERSITY_KEYS]
+    if set_metrics:
+        if beams is None:
+            raise ValueError(f"{set_metrics} compare several captions of each image: pass them as `beams`.")
+        per_set, _ = set_diversity(beams, normalize=True)
+        scores.update({_SET_DIVERSITY_KEYS[name]: per_set[_SET_DIVERSITY_KEYS[name]] for name in set_metrics})
+    if "self_bleu" in metrics:
+        scores["Self-BLEU"] = self_bleu(list(predictions.values()), normalize=True)
+    if "distinct_captions" in metrics:
+        scores["distinct_captions"] = float(len({normalize_caption(text) for text in predictions.values()}))
+    return scores
+
+
+def clip_scores(predictions: Mapping[Any, str], dataset, clip: Any, batch_size: int = 64) -> dict[str, float]:
+    """
+    CLIP-S and the text-to-image and image-to-text retrieval recalls (R@1, R@5, R@10) of each image's caption among
+    all the captioned images ([`rlcaption.metrics.clip_score`], [`rlcaption.metrics.clip_retrieval`]).
+
+    Args:
+        predictions: the caption of each image, keyed by `image_id`.
+        dataset: a split with `image_id` and `image` columns; every captioned id's first row gives its image.
+        clip: a CLIP as [`rlcaption.metrics.load_clip`] takes it; pass a loaded `(model, processor)` pair to load it
+            once for many calls.
+
+    Returns:
+        `CLIP-S`, `t2i_R@1`, ..., `i2t_R@10`.
+    """
+    column_names = getattr(dataset, "column_names", None) or []
+    if "image" not in column_names or "image_id" not in column_names:
+        raise ValueError(
+            f"CLIP metrics need the split's `image` and `image_id` columns; it has {column_names}. Keep the images "
+            "in the evaluation split, or leave the CLIP out."
+        )
+    images = {}
+    for row in dataset.select_columns(["image_id", "image"]):
+        if row["image_id"] in predictions and row["image_id"] not in images:
+            images[row["image_id"]] = row["image"]
+    missing = [key for key in predictions if key not in images]
+    if missing:
+        raise ValueError(f"Captioned image id {missing[0]!r} is not in the dataset ({len(missing)} such ids).")
+    keys = list(predictions)
+    pictures, captions = [images[key] for key in keys], [predictions[key] for key in keys]
+    scores = {"CLIP-S": clip_score(pictures, captions, clip, batch_size=batch_size)[0]}
+    scores.update(clip_retrieval(pictures, captions, clip, batch_size=batch_size))
+    return scores
 
 
 @torch.no_grad()

@@ -10,12 +10,21 @@ normalises; the bare tokenizer expects already-normalised text.
 Images go through a standard `transformers` image processor (`ViTImageProcessorPil`: resize, rescale, normalise)
 after being converted to 8-bit RGB, whatever their mode, by [`rlcaption.data.images.convert_to_rgb`], the conversion
 the dataset loaders use (grayscale, 16-bit, float, CMYK, palette, transparency composited on white, ...).
+
+Saved processors carry no code: they load as `CaptionProcessor` wherever rlcaption is imported. A processor saved
+after `CaptionProcessor.register_for_auto_class()` also loads with `AutoProcessor.from_pretrained(...,
+trust_remote_code=True)` for users without rlcaption: this module and the two it imports (`images.py`,
+`tokenization.py`, which need only the standard library, numpy and Pillow) are saved next to it.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -87,6 +96,17 @@ def _array_to_rgb_array(array: np.ndarray) -> np.ndarray:
     # gray, RGB or RGBA image, converted like PIL images of these modes
     image = Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
     return np.asarray(convert_to_rgb(image))
+
+
+def _describe_image(image) -> str:
+    """What an image of a batch is, for error messages: its file when it was opened from one."""
+    if isinstance(image, Image.Image):
+        filename = getattr(image, "filename", "")
+        return f"image file {filename}" if filename else f"in-memory {image.mode} image of size {image.size}"
+    if isinstance(image, (np.ndarray, torch.Tensor)):
+        kind = "array" if isinstance(image, np.ndarray) else "tensor"
+        return f"{image.dtype} {kind} of shape {tuple(image.shape)}"
+    return type(image).__name__
 
 
 def _image_list(images) -> list:
@@ -218,7 +238,15 @@ class CaptionProcessor(ProcessorMixin):
             raise ValueError("CaptionProcessor needs images, text or both.")
         data = {}
         if images is not None:
-            arrays = [self._prepare_image(image) for image in _image_list(images)]
+            image_list = _image_list(images)
+            arrays = []
+            for index, image in enumerate(image_list):
+                try:
+                    arrays.append(self._prepare_image(image))
+                except ValueError as error:
+                    if len(image_list) == 1:
+                        raise
+                    raise ValueError(f"Image {index} of the batch ({_describe_image(image)}): {error}") from error
             if not arrays:
                 raise ValueError(
                     "CaptionProcessor got an empty batch of images; pass at least one image, or no images."
@@ -268,3 +296,30 @@ class CaptionProcessor(ProcessorMixin):
     def post_process_image_text_to_text(self, generated_outputs, skip_special_tokens: bool = True, **kwargs):
         """Captions from `generate` outputs (what the `image-text-to-text` pipeline calls)."""
         return self.batch_decode(generated_outputs, skip_special_tokens=skip_special_tokens, **kwargs)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> list[str]:
+        """`ProcessorMixin.save_pretrained`; when registered for `trust_remote_code`, also makes the code standalone.
+
+        The saved `processing.py` imports the image conversion and the caption normalisation from the package; next
+        to the checkpoint it must import them from copies in the same folder, so that users without `rlcaption` can
+        load the processor with `trust_remote_code=True`.
+        """
+        saved_files = super().save_pretrained(save_directory)
+        if self._auto_class is not None:
+            _make_remote_code_standalone(Path(save_directory))
+        if push_to_hub:
+            # `push_to_hub` saves again through this method, so the uploaded code is the standalone one
+            self.push_to_hub(kwargs.pop("repo_id", Path(save_directory).name), **kwargs)
+        return saved_files
+
+
+def _make_remote_code_standalone(save_directory: Path) -> None:
+    """Copy the modules this one imports from the package next to the saved `processing.py`, importing the copies."""
+    processing_file = save_directory / Path(__file__).name
+    source = processing_file.read_text(encoding="utf-8")
+    for function in (convert_to_rgb, normalize_caption):
+        module_file = Path(sys.modules[function.__module__].__file__)  # the package's or a remote copy
+        source = source.replace(f"from {function.__module__} import", f"from .{module_file.stem} import")
+        if module_file.resolve() != (save_directory / module_file.name).resolve():
+            shutil.copyfile(module_file, save_directory / module_file.name)
+    processing_file.write_text(source, encoding="utf-8")

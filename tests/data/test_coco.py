@@ -1,4 +1,5 @@
 import json
+import logging
 from pathlib import Path
 
 import datasets
@@ -83,11 +84,20 @@ def test_karpathy_missing_images_one_error(tmp_path):
     assert "img1.jpg" in str(error.value) and "and 2 more" in str(error.value)
 
 
-def test_karpathy_corrupt_image_found_with_verify(karpathy_coco, tmp_path):
+def test_karpathy_corrupt_image_is_found_before_training(karpathy_coco, tmp_path):
     (tmp_path / "images" / "val2014" / "img3.jpg").write_bytes(b"\xff\xd8\xff broken")
-    assert load_karpathy(karpathy_coco, tmp_path / "images")["validation"].num_rows == 2
     with pytest.raises(ValueError, match=r"1 of 6 image files cannot be decoded:\n  .*img3.jpg"):
-        load_karpathy(karpathy_coco, tmp_path / "images", verify_images=True)
+        load_karpathy(karpathy_coco, tmp_path / "images")
+    assert load_karpathy(karpathy_coco, tmp_path / "images", verify_images=False)["validation"].num_rows == 2
+
+
+def test_karpathy_corrupt_images_can_be_skipped_and_are_named(karpathy_coco, tmp_path, caplog):
+    (tmp_path / "images" / "val2014" / "img3.jpg").write_bytes(b"\xff\xd8\xff broken")
+    with caplog.at_level(logging.WARNING):
+        dataset = load_karpathy(karpathy_coco, tmp_path / "images", skip_unreadable_images=True)
+    assert dataset["validation"]["image_id"] == [1004]
+    assert "Skipped 1 of 6 images that cannot be decoded" in caplog.text and "img3.jpg" in caplog.text
+    assert dataset["train"].num_rows == 3 and dataset["test"].num_rows == 1
 
 
 @pytest.mark.parametrize(

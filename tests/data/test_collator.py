@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -53,6 +55,36 @@ def test_precomputed_features_are_used_instead_of_images(processor):
 def test_unusable_references_name_the_image(processor, captions):
     rows = [image_row(1, CAPTIONS[:1]), image_row(42, captions)]
     with pytest.raises(ValueError, match="Image 42 has no usable references"):
+        CaptionCollator(processor)(rows)
+
+
+def truncated_png(path) -> Image.Image:
+    """A lazily opened PNG whose pixel data is cut short (noise does not compress, so the cut loses pixels)."""
+    pixels = np.random.default_rng(0).integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    path.write_bytes(path.read_bytes()[:2000])
+    return Image.open(path)
+
+
+def test_an_image_that_cannot_be_used_names_its_row(processor, tmp_path):
+    rows = [image_row(1, CAPTIONS[:1]), image_row(42, CAPTIONS[:1])]
+    rows[1]["image"] = truncated_png(tmp_path / "cut.png")
+    with pytest.raises(ValueError, match=r"image_id 42.*cut\.png"):
+        CaptionCollator(processor)(rows)
+    rows = [{"image": np.zeros((16, 16, 3), np.uint8)}, {"image": np.zeros((16, 16, 3), np.int32)}]
+    with pytest.raises(ValueError, match=r"row 1 of the batch.*int32"):
+        CaptionCollator(processor, tokenize_references=False)(rows)
+
+
+@pytest.mark.parametrize("column", ["image_features", "pixel_values"])
+def test_precomputed_inputs_of_another_shape_name_their_row(processor, column):
+    first, second = {"image_features": [(4,), (5,)], "pixel_values": [(3, 16, 16), (3, 8, 8)]}[column]
+    rows = [
+        {column: np.zeros(shape), "captions": CAPTIONS[:1], "image_id": image_id}
+        for image_id, shape in ((7, first), (8, second))
+    ]
+    message = rf"image_id 8.*{column} of shape {re.escape(str(second))}.*{re.escape(str(first))}"
+    with pytest.raises(ValueError, match=message):
         CaptionCollator(processor)(rows)
 
 

@@ -13,7 +13,6 @@ from rlcaption.data import load_shapes
 from rlcaption.data.features import (
     configure_extract_features_parser,
     extract_features,
-    pool_image_features,
     run_extract_features,
 )
 
@@ -125,23 +124,6 @@ def test_rerun_with_other_settings_is_refused(shapes, tiny_vit, tmp_path):
     other_test = datasets.DatasetDict({"test": shapes["validation"]})
     with pytest.raises(ValueError, match="different 'test' split"):
         extract_features(other_test, tiny_vit, tmp_path)
-
-
-def test_pooling_rules():
-    class Output:
-        def __init__(self, pooler_output=None, last_hidden_state=None):
-            self.pooler_output = pooler_output
-            self.last_hidden_state = last_hidden_state
-
-    tokens = torch.arange(24.0).reshape(2, 3, 4)
-    assert torch.equal(pool_image_features(Output(last_hidden_state=tokens)), tokens.mean(dim=1))
-    feature_map = torch.arange(32.0).reshape(2, 4, 2, 2)
-    assert torch.equal(pool_image_features(Output(last_hidden_state=feature_map)), feature_map.mean(dim=(2, 3)))
-    pooled = torch.ones(2, 5, 1, 1)
-    assert pool_image_features(Output(pooler_output=pooled, last_hidden_state=tokens)).shape == (2, 5)
-    assert pool_image_features(torch.ones(2, 7)).shape == (2, 7)
-    with pytest.raises(ValueError, match="neither `pooler_output` nor `last_hidden_state`"):
-        pool_image_features(Output())
 
 
 def test_command_line(shapes, tiny_vit, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """evaluate_captions: COCO keys and published figures, metric selection, per-caption scores, Java errors, bad input."""
 
+import logging
 import math
 import random
 import shutil
@@ -89,6 +90,44 @@ def test_java_metric_that_cannot_run_fails_before_any_scoring(monkeypatch):
         evaluate_captions({1: "a cat"}, {1: ["a cat"]}, metrics=["bleu", "spice"])
     with pytest.raises(RuntimeError, match="CoreNLP"):
         evaluate_captions({1: "a cat"}, {1: ["a cat"]}, metrics=["spider"])
+
+
+def unavailable(message):
+    def check(*args, **kwargs):
+        raise RuntimeError(message)
+
+    return check
+
+
+def test_default_metrics_without_java_run_the_others_and_say_what_was_skipped(monkeypatch, caplog):
+    monkeypatch.setattr(evaluation, "check_java", unavailable("No Java runtime found"))
+    monkeypatch.setattr(evaluation, "check_spice", unavailable("No Java runtime found"))
+    with caplog.at_level(logging.WARNING, logger="rlcaption.metrics.evaluation"):
+        scores = evaluate_captions({1: "a cat on a mat"}, {1: ["a cat on a mat", "a cat"]})
+    assert list(scores) == ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
+    assert list(scores.skipped) == ["meteor", "spice", "spider"]
+    assert "No Java runtime found" in scores.skipped["meteor"] and "SPICE" in scores.skipped["spider"]
+    assert "Skipped meteor, spice, spider" in caplog.text and "No Java runtime found" in caplog.text
+    corpus, per_caption = evaluate_captions({1: "a cat"}, {1: ["a cat"]}, per_caption=True)
+    assert list(corpus.skipped) == ["meteor", "spice", "spider"] and set(per_caption) == set(corpus)
+
+
+def test_default_metrics_with_java_but_without_the_spice_jars_still_run_meteor(monkeypatch):
+    monkeypatch.setattr(evaluation, "check_java", lambda minimum: minimum)
+    monkeypatch.setattr(evaluation, "check_spice", unavailable("SPICE needs the Stanford CoreNLP 3.6.0 jars"))
+    monkeypatch.setattr(
+        evaluation, "compute_meteor", lambda predictions, references: (0.5, dict.fromkeys(predictions, 0.5))
+    )
+    scores = evaluate_captions({1: "a cat"}, {1: ["a cat"]})
+    assert scores["METEOR"] == 0.5 and "SPICE" not in scores and "SPIDEr" not in scores
+    assert list(scores.skipped) == ["spice", "spider"]
+    assert evaluate_captions({1: "a cat"}, {1: ["a cat"]}, metrics=["bleu"]).skipped == {}
+
+
+def test_requested_java_metrics_that_cannot_run_still_raise(monkeypatch):
+    monkeypatch.setattr(evaluation, "check_java", unavailable("No Java runtime found"))
+    with pytest.raises(RuntimeError, match="No Java runtime found"):
+        evaluate_captions({1: "a cat"}, {1: ["a cat"]}, metrics=["bleu", "meteor"])
 
 
 def test_spider_is_the_mean_of_cider_and_spice_only_when_spice_ran(monkeypatch):

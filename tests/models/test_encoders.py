@@ -2,13 +2,17 @@ import pytest
 import torch
 from transformers import ResNetConfig, ViTConfig
 
+from rlcaption.data import features as feature_extraction
+from rlcaption.models import encoders
 from rlcaption.models.encoders import (
     BackboneImageEncoder,
     ConvImageEncoder,
     PrecomputedFeatureEncoder,
     build_image_encoder,
+    pool_image_features,
 )
-from rlcaption.models.show_tell_rl import ShowTellRLConfig
+from rlcaption.models.shapes_clip import ShapesCLIPConfig, configuration_shapes_clip
+from rlcaption.models.show_tell_rl import ShowTellRLConfig, configuration_show_tell_rl
 
 
 def test_cnn_output_size_keeps_the_spatial_layout():
@@ -68,3 +72,41 @@ def test_build_image_encoder_follows_the_config():
     assert isinstance(features, PrecomputedFeatureEncoder) and features.output_size == 7
     cnn = build_image_encoder(ShowTellRLConfig(image_size=32, cnn_channels=[4, 4]))
     assert isinstance(cnn, ConvImageEncoder) and cnn.output_size == 4 * 8 * 8
+
+
+def test_pooling_rules():
+    class Output:
+        def __init__(self, pooler_output=None, last_hidden_state=None):
+            self.pooler_output = pooler_output
+            self.last_hidden_state = last_hidden_state
+
+    tokens = torch.arange(24.0).reshape(2, 3, 4)
+    assert torch.equal(pool_image_features(Output(last_hidden_state=tokens)), tokens.mean(dim=1))
+    feature_map = torch.arange(32.0).reshape(2, 4, 2, 2)
+    assert torch.equal(pool_image_features(Output(last_hidden_state=feature_map)), feature_map.mean(dim=(2, 3)))
+    pooled = torch.ones(2, 5, 1, 1)
+    assert pool_image_features(Output(pooler_output=pooled, last_hidden_state=tokens)).shape == (2, 5)
+    assert pool_image_features(torch.ones(2, 7)).shape == (2, 7)
+    with pytest.raises(ValueError, match="neither `pooler_output` nor `last_hidden_state`"):
+        pool_image_features(Output())
+
+
+def test_backbone_encoder_and_feature_extraction_pool_in_one_place(monkeypatch):
+    assert feature_extraction.pool_image_features is pool_image_features
+    calls = []
+    monkeypatch.setattr(
+        encoders, "pool_image_features", lambda outputs: calls.append(outputs) or pool_image_features(outputs)
+    )
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8], depths=[1], num_channels=3)
+    BackboneImageEncoder(config.to_dict(), freeze=True)(torch.randn(1, 3, 16, 16))
+    assert len(calls) == 1
+
+
+def test_encoder_types_are_named_in_one_place():
+    assert configuration_show_tell_rl.ENCODER_TYPES is encoders.ENCODER_TYPES
+    assert configuration_shapes_clip.IMAGE_ENCODER_TYPES is encoders.IMAGE_ENCODER_TYPES
+    assert set(encoders.IMAGE_ENCODER_TYPES) < set(encoders.ENCODER_TYPES)
+    with pytest.raises(ValueError, match=r"expected one of \('cnn', 'backbone', 'features'\)"):
+        ShowTellRLConfig(encoder_type="transformer")
+    with pytest.raises(ValueError, match=r"expected one of \('cnn', 'backbone'\)"):
+        ShapesCLIPConfig(encoder_type="features")

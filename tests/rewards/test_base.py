@@ -41,4 +41,4 @@ def test_check_reward_inputs_names_the_image():
 
 def test_built_in_rewards_follow_the_protocol():
     assert isinstance(get_reward("cider"), RewardFunc)
-    assert isinstance(get_reward("rouge"), RewardFunc)
+    assert isinstance(get_reward("rouge_l"), RewardFunc)

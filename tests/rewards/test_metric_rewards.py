@@ -78,13 +78,13 @@ def test_bleu_reward_equals_pycocoevalcap_per_image(fakecap_rows, n):
 
 def test_rouge_reward_equals_pycocoevalcap_per_image(fakecap_rows):
     completions, references, _ = fakecap_rows
-    values = get_reward("rouge")(completions=completions[:150], references=references[:150])
+    values = get_reward("rouge_l")(completions=completions[:150], references=references[:150])
     predictions, tokenized_refs = tokenized(completions[:150], references[:150])
     _, theirs = Rouge().compute_score(tokenized_refs, {row: [caption] for row, caption in predictions.items()})
     np.testing.assert_allclose(values, theirs, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("name", ["cider", "bleu", "rouge"])
+@pytest.mark.parametrize("name", ["cider", "bleu", "rouge_l"])
 def test_empty_and_punctuation_only_completions_score_zero(name):
     references = [["A dog on a couch.", "a dog lying on a sofa"]] * 3
     # a training corpus where the dog n-grams are rare enough to carry weight
@@ -93,7 +93,7 @@ def test_empty_and_punctuation_only_completions_score_zero(name):
     assert values[:2] == [0.0, 0.0] and values[2] > 0
 
 
-@pytest.mark.parametrize("name", ["cider", "bleu", "rouge"])
+@pytest.mark.parametrize("name", ["cider", "bleu", "rouge_l"])
 def test_bad_inputs_raise_clear_errors(name):
     reward = get_reward(name)
     with pytest.raises(ValueError, match="image_id 77 has no references"):

@@ -18,10 +18,10 @@ def caption_length(*, completions, references, **columns):
 
 def test_weighted_total_and_components():
     bleu = get_reward("bleu")
-    mix = RewardMix(["rouge", bleu, caption_length], weights=[1.0, 2.0, -0.5])
+    mix = RewardMix(["rouge_l", bleu, caption_length], weights=[1.0, 2.0, -0.5])
     total, components = mix.score(completions=COMPLETIONS, references=REFERENCES, image_id=[1, 2])
     assert list(components) == ["rouge_l", "bleu_4", "caption_length"]
-    rouge_values = get_reward("rouge")(completions=COMPLETIONS, references=REFERENCES)
+    rouge_values = get_reward("rouge_l")(completions=COMPLETIONS, references=REFERENCES)
     np.testing.assert_allclose(components["rouge_l"], rouge_values)
     np.testing.assert_allclose(components["caption_length"], [5.0, 2.0])
     expected = components["rouge_l"] + 2.0 * components["bleu_4"] - 0.5 * components["caption_length"]

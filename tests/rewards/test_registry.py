@@ -7,7 +7,7 @@ from rlcaption.rewards import registry as registry_module
 
 
 def test_built_in_rewards_are_registered():
-    assert {"cider", "bleu", "rouge", "meteor", "spice", "spider"} <= set(available_rewards())
+    assert {"cider", "bleu", "rouge_l", "meteor", "spice", "spider"} <= set(available_rewards())
     assert available_rewards() == sorted(available_rewards())
     assert get_reward("bleu", n=3).__name__ == "bleu_3"
 

@@ -6,7 +6,7 @@ learning rate, a pretraining phase for it, and a set-level reward. Importing thi
 import torch
 from torch import nn
 
-from rlcaption.decoding import caption_token_mask, image_inputs_of
+from rlcaption.decoding import caption_token_mask, image_inputs_of, selective_log_softmax
 from rlcaption.objectives import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from rlcaption.objectives.scst import policy_gradient_loss
 
@@ -75,7 +75,6 @@ class CriticObjective(CaptionObjective):
         trainer.record_metric("critic_loss", float(critic_loss.detach()))
         if pretraining:
             return critic_loss
-        log_probs = torch.log_softmax(outputs.logits[:, :-1].float(), dim=-1)
-        token_log_probs = log_probs.gather(-1, samples.sequences[:, 1:, None]).squeeze(-1)
+        token_log_probs = selective_log_softmax(outputs.logits[:, :-1], samples.sequences[:, 1:])
         mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
         return policy_gradient_loss(token_log_probs, mask, rewards - values.detach(), "token") + critic_loss

@@ -1,6 +1,8 @@
 import copy
 import math
 import os
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -9,7 +11,9 @@ from conftest import IMAGE_SIZE, make_tiny_model
 from safetensors.torch import load_file
 
 from rlcaption.data import CaptionCollator
+from rlcaption.rewards import get_reward
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, forward_through
+from rlcaption.trainer.rl_trainer import check_data_parallel
 from tiny_captioners import make_vision_encoder_decoder
 
 
@@ -311,3 +315,115 @@ def test_auxiliary_networks_follow_mixed_precision(tiny_model, tiny_processor, t
     for name, tensor in after.items():
         assert tensor.dtype == torch.float32, name  # master weights stay in full precision
         assert not torch.equal(tensor, before[name]), name
+
+
+def test_positional_arguments_follow_the_trainer_order(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    args = RLCaptionConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=1, report_to="none")
+    collator = CaptionCollator(tiny_processor)
+    # transformers.Trainer(model, args, data_collator, train_dataset, eval_dataset, processing_class)
+    trainer = RLCaptionTrainer(
+        tiny_model, args, collator, tiny_shapes["train"], tiny_shapes["validation"], tiny_processor
+    )
+    assert trainer.data_collator is collator
+    assert trainer.train_dataset is tiny_shapes["train"] and trainer.eval_dataset is tiny_shapes["validation"]
+    assert trainer.processing_class is tiny_processor
+    with pytest.raises(TypeError):  # the reward functions are named, never bound by position
+        RLCaptionTrainer(tiny_model, args, collator, None, None, tiny_processor, ["cider"])
+
+
+@pytest.mark.parametrize("name", ["compute_metrics", "compute_loss_func", "preprocess_logits_for_metrics"])
+def test_trainer_arguments_that_would_be_ignored_are_refused(name, tiny_model, tiny_processor, tmp_path):
+    args = RLCaptionConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match=rf"does not take {name}"):
+        RLCaptionTrainer(tiny_model, args, processing_class=tiny_processor, **{name: lambda *inputs: {}})
+
+
+def test_references_are_no_longer_than_the_captions_the_model_may_generate(
+    tiny_model, tiny_processor, tiny_shapes, tmp_path
+):
+    trainer = make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe", max_caption_length=3)
+    batch = next(iter(trainer.get_train_dataloader()))
+    # <bos> then at most max_caption_length tokens, the end token included, as generate(max_new_tokens=3) produces
+    assert batch["caption_input_ids"].size(1) == 1 + 3
+    assert (batch["caption_input_ids"][:, -1] == trainer.eos_token_id).all()  # shapes captions are longer
+    generated = trainer.greedy_captions({"pixel_values": batch["pixel_values"]})
+    assert generated.sequences.size(1) <= 1 + 3
+
+
+def caption_length(completions, **kwargs):
+    return [float(len(caption.split())) for caption in completions]
+
+
+def test_sampled_captions_are_printed_with_their_rewards_at_every_log(
+    tiny_model, tiny_processor, tiny_shapes, tmp_path, capsys
+):
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=[caption_length],
+        max_steps=2, num_completions_to_print=2,
+    )  # fmt: skip
+    capsys.readouterr()
+    trainer.train()
+    printed = capsys.readouterr().out
+    assert printed.count("Sampled captions at step") == 2
+    rows = [line for line in printed.splitlines() if line.startswith("| ") and not line.startswith("| image_id")]
+    assert len(rows) == 4
+    for row in rows:
+        image_id, reward, length, caption = [cell.strip() for cell in row.strip("|").split(" | ")]
+        assert int(image_id) in tiny_shapes["train"]["image_id"]
+        assert float(reward) == float(length) == len(caption.split())
+
+
+def test_completion_printing_can_be_turned_off(tiny_model, tiny_processor, tiny_shapes, tmp_path, capsys):
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=[caption_length],
+        max_steps=1, log_completions=False,
+    )  # fmt: skip
+    trainer.train()
+    assert "Sampled captions" not in capsys.readouterr().out
+
+
+def test_sampled_captions_are_logged_as_a_wandb_table(tiny_model, tiny_processor, tiny_shapes, tmp_path, monkeypatch):
+    logged_tables = []
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, data
+
+    fake_wandb = type(sys)("wandb")
+    fake_wandb.Table, fake_wandb.run = Table, object()
+    fake_wandb.log = lambda values, **kwargs: logged_tables.append(values)
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=[caption_length],
+        max_steps=1,
+    )  # fmt: skip
+    trainer.args.report_to = ["wandb"]  # after the callbacks are built: the real integration is not installed here
+    trainer.train()
+    (table,) = [values["completions"] for values in logged_tables]
+    assert table.columns == ["step", "image_id", "reward", "caption_length", "caption"]
+    assert len(table.data) == 3 and all(row[0] == 1 for row in table.data)
+
+
+@pytest.mark.parametrize(
+    ("plugins", "message"),
+    [
+        ({"deepspeed_plugin": object(), "fsdp_plugin": None}, "DeepSpeed"),
+        ({"deepspeed_plugin": None, "fsdp_plugin": object()}, "FSDP"),
+    ],
+)
+def test_sharded_models_set_up_by_the_accelerate_launcher_are_refused(plugins, message):
+    with pytest.raises(ValueError, match=rf"{message}.*not supported.*DDP"):
+        check_data_parallel(SimpleNamespace(**plugins))
+    check_data_parallel(SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))
+
+
+def test_rouge_l_is_one_name_for_the_reward_and_the_metric(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=["rouge_l"],
+        eval_metrics=["rouge_l"], max_steps=1,
+    )  # fmt: skip
+    trainer.train()
+    assert logged(trainer, "reward/rouge_l/mean")
+    assert "eval_ROUGE_L" in trainer.evaluate()
+    with pytest.raises(ValueError, match="Unknown reward 'rouge'.*rouge_l"):
+        get_reward("rouge")

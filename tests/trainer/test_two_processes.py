@@ -67,3 +67,17 @@ def test_auxiliary_network_phases_and_set_reward_survive_a_kill_on_two_processes
         assert expected[0][part] == expected[1][part], f"{part}: replicas differ"
         assert actual[0][part] == actual[1][part], f"{part}: replicas differ after the resume"
         assert actual[0][part] == expected[0][part], f"{part}: the resumed run differs from the uninterrupted one"
+
+
+def test_recorded_metrics_are_averaged_over_processes(tmp_path):
+    result = launch_on_two_processes("two_process_metrics.py", str(tmp_path / "out"), str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        report = json.loads((tmp_path / "out" / f"rank{rank}.json").read_text())
+        assert report["world_size"] == 2
+        # one training log per step, on every process: the mean of the two processes' indices
+        assert report["process_index"] == [0.5, 0.5]
+        # a metric one process records is averaged over its values alone, and logged by both
+        assert report["only_on_process_1"] == [4.0, 4.0]
+        # evaluation logs in between take no part in the gathering
+        assert report["eval_logs"] == 2

@@ -3,15 +3,17 @@
 from .coco import load_caption_imagefolder, load_coco, load_karpathy
 from .collator import CaptionCollator
 from .features import extract_features
-from .images import check_image_files, convert_to_rgb, open_image
-from .loading import load_caption_dataset
+from .images import check_image_files, convert_to_rgb, find_undecodable_images, open_image
+from .loading import check_dataset_images, load_caption_dataset
 from .shapes import load_shapes
 
 __all__ = [
     "CaptionCollator",
+    "check_dataset_images",
     "check_image_files",
     "convert_to_rgb",
     "extract_features",
+    "find_undecodable_images",
     "load_caption_dataset",
     "load_caption_imagefolder",
     "load_coco",

@@ -3,8 +3,9 @@ files, and image folders with a `metadata.jsonl`.
 
 All return a `datasets.DatasetDict` with the columns of the shapes dataset except `scene`: `image`
 (`datasets.Image`, decoded lazily from the file path), `captions` (list of `str`, at least one) and `image_id`
-(`int`). Every loader checks that all image files exist before returning (and, with `verify_images=True`, that they
-decode), so a missing file fails at once with one error listing the count and the first paths.
+(`int`). Every loader checks that all image files exist and decode before returning, so that a missing or corrupt
+file fails at once, with one error listing the count and the first paths, instead of stopping training mid-run;
+`skip_unreadable_images=True` drops the files that do not decode instead, naming them in a warning.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import datasets
 
-from .images import check_image_files
+from .images import check_image_files, find_undecodable_images
 
 __all__ = [
     "caption_features",
@@ -32,6 +33,8 @@ __all__ = [
 _KARPATHY_SPLITS = {"train": "train", "restval": "restval", "val": "validation", "test": "test"}
 _SPLIT_ORDER = ("train", "validation", "test", "restval")
 _SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation"}
+
+logger = datasets.utils.logging.get_logger(__name__)
 
 
 def caption_features() -> datasets.Features:
@@ -89,7 +92,9 @@ def _require_key(entry: dict, key: str, where: str) -> Any:
     return entry[key]
 
 
-def _build_dataset_dict(records: dict[str, list[tuple[str, list[str], int]]], verify_images: bool):
+def _build_dataset_dict(
+    records: dict[str, list[tuple[str, list[str], int]]], verify_images: bool, skip_unreadable_images: bool
+) -> datasets.DatasetDict:
     """`records[split]` lists `(image path, captions, image id)`; all files are checked before anything is built."""
     image_ids = [image_id for rows in records.values() for _, _, image_id in rows]
     if len(set(image_ids)) != len(image_ids):
@@ -97,7 +102,15 @@ def _build_dataset_dict(records: dict[str, list[tuple[str, list[str], int]]], ve
         raise ValueError(
             f"image_id values must be unique (the metrics key references by them); duplicated: {duplicated}."
         )
-    check_image_files((path for rows in records.values() for path, _, _ in rows), verify=verify_images)
+    paths = [path for rows in records.values() for path, _, _ in rows]
+    check_image_files(paths, verify=verify_images and not skip_unreadable_images)
+    if skip_unreadable_images:
+        undecodable = find_undecodable_images(paths)
+        if undecodable:
+            listing = "\n".join(f"  {paths[position]} ({problem})" for position, problem in undecodable.items())
+            logger.warning(f"Skipped {len(undecodable)} of {len(paths)} images that cannot be decoded:\n{listing}")
+            skipped = {paths[position] for position in undecodable}
+            records = {split: [row for row in rows if row[0] not in skipped] for split, rows in records.items()}
     features = caption_features()
     splits = {}
     for split in sorted(records, key=lambda name: (_SPLIT_ORDER + (name,)).index(name)):
@@ -128,7 +141,8 @@ def load_karpathy(
     images_root: str | os.PathLike,
     splits: Iterable[str] | None = None,
     restval_to_train: bool = True,
-    verify_images: bool = False,
+    verify_images: bool = True,
+    skip_unreadable_images: bool = False,
 ) -> datasets.DatasetDict:
     """Load a Karpathy-split caption file (`dataset_coco.json`, `dataset_flickr8k.json`, `dataset_flickr30k.json`).
 
@@ -146,8 +160,10 @@ def load_karpathy(
         restval_to_train (`bool`, *optional*, defaults to `True`): add Karpathy's `restval` images (the remaining
             30k COCO val2014 images) to `train`, as every published COCO result does; `False` keeps a `restval`
             split.
-        verify_images (`bool`, *optional*, defaults to `False`): also check that every image decodes (reads all
-            files once).
+        verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
+            once); `False` checks only that the files exist.
+        skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
+            naming them in a warning, instead of raising.
 
     Returns:
         `datasets.DatasetDict`: splits among `train`, `validation`, `test` (and `restval`), columns `image`,
@@ -156,7 +172,8 @@ def load_karpathy(
     Raises:
         `FileNotFoundError`: if the JSON file or image files are missing (one error listing the count and the first
             paths).
-        `ValueError`: on malformed entries, unknown split names, empty caption lists or non-string captions.
+        `ValueError`: on malformed entries, unknown split names, empty caption lists, non-string captions, or image
+            files that cannot be decoded (unless skipped).
     """
     data = _read_json(json_path, "Karpathy split file")
     entries = _require_key(data, "images", f"Karpathy split file {json_path}")
@@ -188,14 +205,15 @@ def load_karpathy(
         records[split].append((str(Path(images_root) / relative_path), captions, image_id))
     if not records:
         raise ValueError(f"No images of split(s) {sorted(wanted) if wanted else 'any'} in {json_path}.")
-    return _build_dataset_dict(records, verify_images)
+    return _build_dataset_dict(records, verify_images, skip_unreadable_images)
 
 
 def load_coco(
     annotation_file: str | os.PathLike,
     images_root: str | os.PathLike,
     split_name: str = "train",
-    verify_images: bool = False,
+    verify_images: bool = True,
+    skip_unreadable_images: bool = False,
 ) -> datasets.DatasetDict:
     """Load a COCO caption annotation file (e.g. `captions_train2014.json`) and its image folder.
 
@@ -206,7 +224,10 @@ def load_coco(
         annotation_file (`str` or `os.PathLike`): the COCO annotation JSON file.
         images_root (`str` or `os.PathLike`): the folder holding the images (e.g. `train2014/`).
         split_name (`str`, *optional*, defaults to `"train"`): name of the returned split.
-        verify_images (`bool`, *optional*, defaults to `False`): also check that every image decodes.
+        verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
+            once); `False` checks only that the files exist.
+        skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
+            naming them in a warning, instead of raising.
 
     Returns:
         `datasets.DatasetDict`: one split `split_name` with columns `image`, `captions` (in annotation order),
@@ -214,8 +235,8 @@ def load_coco(
 
     Raises:
         `FileNotFoundError`: if the annotation file or image files are missing.
-        `ValueError`: on malformed entries, an image without captions, a non-string caption, or an annotation that
-            refers to an image not in `images`.
+        `ValueError`: on malformed entries, an image without captions, a non-string caption, an annotation that
+            refers to an image not in `images`, or image files that cannot be decoded (unless skipped).
     """
     data = _read_json(annotation_file, "COCO annotation file")
     images = _require_key(data, "images", f"COCO annotation file {annotation_file}")
@@ -241,7 +262,7 @@ def load_coco(
         )
         for image_id, file_name in file_names.items()
     ]
-    return _build_dataset_dict({split_name: records}, verify_images)
+    return _build_dataset_dict({split_name: records}, verify_images, skip_unreadable_images)
 
 
 def _read_metadata(metadata_path: Path, first_image_id: int) -> list[tuple[str, list[str], int]]:
@@ -269,7 +290,9 @@ def _read_metadata(metadata_path: Path, first_image_id: int) -> list[tuple[str, 
     return records
 
 
-def load_caption_imagefolder(folder: str | os.PathLike, verify_images: bool = False) -> datasets.DatasetDict:
+def load_caption_imagefolder(
+    folder: str | os.PathLike, verify_images: bool = True, skip_unreadable_images: bool = False
+) -> datasets.DatasetDict:
     """Load an image folder described by `metadata.jsonl` files, the Hugging Face `imagefolder` convention.
 
     Each line of `metadata.jsonl` is `{"file_name": <path relative to the metadata file>, "captions": [...]}` or
@@ -279,14 +302,18 @@ def load_caption_imagefolder(folder: str | os.PathLike, verify_images: bool = Fa
 
     Args:
         folder (`str` or `os.PathLike`): the dataset folder.
-        verify_images (`bool`, *optional*, defaults to `False`): also check that every image decodes.
+        verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
+            once); `False` checks only that the files exist.
+        skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
+            naming them in a warning, instead of raising.
 
     Returns:
         `datasets.DatasetDict`: columns `image`, `captions`, `image_id`.
 
     Raises:
         `FileNotFoundError`: if there is no `metadata.jsonl`, or image files are missing.
-        `ValueError`: on malformed lines, empty caption lists or non-string captions.
+        `ValueError`: on malformed lines, empty caption lists, non-string captions, or image files that cannot be
+            decoded (unless skipped).
     """
     folder = Path(folder)
     if (folder / "metadata.jsonl").is_file():
@@ -309,4 +336,4 @@ def load_caption_imagefolder(folder: str | os.PathLike, verify_images: bool = Fa
     for split, metadata_path in metadata_files.items():
         records[split] = _read_metadata(metadata_path, next_image_id)
         next_image_id += len(records[split])
-    return _build_dataset_dict(records, verify_images)
+    return _build_dataset_dict(records, verify_images, skip_unreadable_images)

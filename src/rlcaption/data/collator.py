@@ -6,7 +6,6 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..captioners import CaptionTokens
@@ -82,13 +81,11 @@ class CaptionCollator:
         first = rows[0]
         # 1. image inputs
         if "image_features" in first and first["image_features"] is not None:
-            batch["image_features"] = torch.as_tensor(np.stack([np.asarray(row["image_features"]) for row in rows]))
-            batch["image_features"] = batch["image_features"].float()
+            batch["image_features"] = _stack_rows(rows, "image_features")
         elif "pixel_values" in first and first["pixel_values"] is not None:
-            batch["pixel_values"] = torch.stack([torch.as_tensor(row["pixel_values"]) for row in rows]).float()
+            batch["pixel_values"] = _stack_rows(rows, "pixel_values")
         elif "image" in first:
-            images = [row["image"] for row in rows]
-            batch["pixel_values"] = self.processor(images=images, return_tensors="pt")["pixel_values"]
+            batch["pixel_values"] = self._pixel_values(rows)
         else:
             raise ValueError(
                 "Rows have no image column: expected `image`, `pixel_values` or `image_features`, got "
@@ -133,6 +130,20 @@ class CaptionCollator:
                 batch[name] = [row[name] for row in rows]
         return batch
 
+    def _pixel_values(self, rows: Sequence[dict[str, Any]]) -> torch.FloatTensor:
+        """The processor's `pixel_values` of the rows' images; an image it cannot use is named by its row."""
+        try:
+            return self.processor(images=[row["image"] for row in rows], return_tensors="pt")["pixel_values"]
+        except (ValueError, OSError):
+            # not every processor says which image of a batch failed: process the rows one by one to find it
+            for position, row in enumerate(rows):
+                try:
+                    self.processor(images=[row["image"]], return_tensors="pt")
+                except (ValueError, OSError) as row_error:
+                    message = f"The image of {_name_row(row, position)} cannot be used: {row_error}"
+                    raise ValueError(message) from row_error
+            raise
+
     def _tokenize(self, texts: list[str]) -> tuple[torch.LongTensor, torch.LongTensor]:
         """`start w_1 ... w_n end pad ...` for every text: `input_ids` and `attention_mask` of shape `(N, T)`."""
         tokens = self.caption_tokens
@@ -156,6 +167,27 @@ class CaptionCollator:
             input_ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
             attention_mask[row, : len(sequence)] = 1
         return input_ids, attention_mask
+
+
+def _name_row(row: dict[str, Any], position: int) -> str:
+    """A batch row as the dataset knows it: by its `image_id` when it has one, else by its position."""
+    if row.get("image_id") is not None:
+        return f"the row with image_id {row['image_id']!r}"
+    return f"row {position} of the batch"
+
+
+def _stack_rows(rows: Sequence[dict[str, Any]], column: str) -> torch.FloatTensor:
+    """The precomputed `column` of every row as one float tensor; a row of another shape is named."""
+    tensors = [torch.as_tensor(row[column]) for row in rows]
+    for position, tensor in enumerate(tensors):
+        if tensor.shape != tensors[0].shape:
+            row_name = _name_row(rows[position], position)
+            raise ValueError(
+                f"{row_name[0].upper()}{row_name[1:]} has {column} of shape {tuple(tensor.shape)}, "
+                f"unlike {_name_row(rows[0], 0)} ({column} of shape {tuple(tensors[0].shape)}): compute the "
+                f"{column} of every image with the same extractor and settings."
+            )
+    return torch.stack(tensors).float()
 
 
 def _tokenizer_caption_tokens(tokenizer: Any) -> CaptionTokens:

@@ -32,49 +32,18 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoImageProcessor, AutoModel
 
+from ..models.encoders import pool_image_features
 from .images import convert_to_rgb
 from .shapes import load_shapes, save_dataset_atomically
 
 __all__ = [
     "configure_extract_features_parser",
     "extract_features",
-    "pool_image_features",
     "run_extract_features",
 ]
 
 FEATURES_COLUMN = "image_features"
 _MANIFEST_VERSION = 1
-
-
-def pool_image_features(outputs) -> torch.Tensor:
-    """One vector per image from a vision model's output.
-
-    Uses `pooler_output` when the model has one (ViT's [CLS] pooler, CLIP/SigLIP projected embeddings from
-    `get_image_features`, ResNet's global average pool), else averages `last_hidden_state` over tokens
-    (`(batch, tokens, hidden)`) or spatial positions (`(batch, channels, height, width)`).
-
-    Args:
-        outputs (`torch.Tensor` or `transformers.utils.ModelOutput`): the model output.
-
-    Returns:
-        `torch.Tensor` of shape `(batch_size, feature_size)`.
-    """
-    if isinstance(outputs, torch.Tensor):
-        return outputs.flatten(1)
-    pooled = getattr(outputs, "pooler_output", None)
-    if pooled is not None:
-        return pooled.flatten(1)  # ResNet pools to (B, C, 1, 1)
-    hidden = getattr(outputs, "last_hidden_state", None)
-    if hidden is None:
-        raise ValueError(
-            f"Cannot pool image features from a {type(outputs).__name__}: it has neither `pooler_output` nor "
-            "`last_hidden_state`. Use a vision backbone loadable with `AutoModel` (ViT, DINOv2, ResNet, CLIP, ...)."
-        )
-    if hidden.dim() == 3:
-        return hidden.mean(dim=1)  # (B, T, D) -> (B, D)
-    if hidden.dim() == 4:
-        return hidden.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
-    raise ValueError(f"Unexpected last_hidden_state of shape {tuple(hidden.shape)}; expected 3 or 4 dimensions.")
 
 
 def _encode_images(model, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -168,7 +137,8 @@ def extract_features(
     Args:
         dataset (`datasets.DatasetDict` or `datasets.Dataset`): with an `image` column (`datasets.Image`).
         model_name_or_path (`str` or `os.PathLike`): a Hub id or local folder loadable with `AutoModel` and
-            `AutoImageProcessor` (ViT, DINOv2, ResNet, CLIP, SigLIP, ...); see `pool_image_features` for the pooling.
+            `AutoImageProcessor` (ViT, DINOv2, ResNet, CLIP, SigLIP, ...); the features are pooled by
+            [`rlcaption.models.encoders.pool_image_features`], as the `"backbone"` encoder pools them.
         output_dir (`str` or `os.PathLike`): where shards and the resulting dataset are written (see the module
             docstring). Rerunning with the same arguments resumes: finished shards are not recomputed.
         batch_size (`int`, *optional*, defaults to 32): images per forward pass.

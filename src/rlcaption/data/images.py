@@ -19,16 +19,21 @@ Conventions, shared by the dataset loaders and the processor:
   - palette images without transparency and the other modes Pillow can convert (`"YCbCr"`, `"LAB"`, `"HSV"`) use
     Pillow's conversion.
 - **Truncated or corrupt files** raise a `ValueError` naming the file (Pillow's own message says only "image file is
-  truncated").
+  truncated"). The dataset loaders decode every image once before returning (`find_undecodable_images`), so that a
+  bad file stops nothing mid-run.
 - **Very large images**: Pillow refuses to open an image of more than `2 * PIL.Image.MAX_IMAGE_PIXELS` pixels (about
   179 megapixels by default) as a possible decompression bomb; `open_image` turns this into a `ValueError` naming
   the file and how to raise the limit for trusted data. Merely big images are decoded at reduced resolution when
   `max_size` is given: JPEG files through `Image.draft` (DCT-domain scaling, cheap), then `Image.thumbnail` for
   every format, keeping the aspect ratio.
+
+This module needs only the standard library, numpy and Pillow: it is copied next to a processor saved for
+`trust_remote_code` loading.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +45,7 @@ from PIL import Image
 __all__ = [
     "check_image_files",
     "convert_to_rgb",
+    "find_undecodable_images",
     "open_image",
 ]
 
@@ -152,20 +158,49 @@ def open_image(path: str | os.PathLike, max_size: int | None = None) -> Image.Im
     return rgb
 
 
-def _decoding_problem(path: str) -> str | None:
-    """Why `path` cannot be decoded, or None if it can."""
+def _decoding_problem(image_file: str | bytes) -> str | None:
+    """Why an image file (its path, or its encoded bytes) cannot be decoded, or None if it can."""
+
+    def opened() -> Image.Image:
+        # a fresh file object for each pass: verify() leaves the image unusable
+        return Image.open(io.BytesIO(image_file) if isinstance(image_file, bytes) else image_file)
+
     try:
-        with Image.open(path) as image:
+        with opened() as image:
             image.verify()  # structure and checksums, without decoding pixels
-        with Image.open(path) as image:
+        with opened() as image:
             # verify() does not decode JPEG data: a reduced-size decode still reads the whole stream (cheap).
             image.draft("RGB", (64, 64))
             image.load()
     except Image.DecompressionBombError as error:
-        return _decompression_bomb_message(path, error)
+        return _decompression_bomb_message(image_file if isinstance(image_file, str) else "in the dataset", error)
+    except Image.UnidentifiedImageError:
+        # Pillow's message names the file object, which says nothing for encoded bytes
+        return "UnidentifiedImageError: not an image format Pillow reads, or a corrupt header"
     except (OSError, SyntaxError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
     return None
+
+
+def find_undecodable_images(
+    image_files: Iterable[str | os.PathLike | bytes], num_threads: int | None = None
+) -> dict[int, str]:
+    """Decode every image file once and say which cannot be decoded (`Image.verify` plus a reduced-size decode).
+
+    Args:
+        image_files (`Iterable[str | os.PathLike | bytes]`): the files, as paths or as their encoded bytes (the
+            `bytes` of an undecoded `datasets.Image` value).
+        num_threads (`int`, *optional*): decoding threads (Pillow decodes without holding the GIL); defaults to
+            `min(8, os.cpu_count())`.
+
+    Returns:
+        `dict[int, str]`: the position of every file that cannot be decoded, with why.
+    """
+    image_files = [file if isinstance(file, bytes) else str(file) for file in image_files]
+    num_threads = num_threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=num_threads) as executor:
+        problems = executor.map(_decoding_problem, image_files)
+        return {position: problem for position, problem in enumerate(problems) if problem is not None}
 
 
 def _list_paths(paths: Sequence[str]) -> str:
@@ -204,14 +239,9 @@ def check_image_files(
         )
     if not verify:
         return
-    num_threads = num_threads or min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=num_threads) as executor:
-        problems = [
-            f"{path} ({problem})"
-            for path, problem in zip(paths, executor.map(_decoding_problem, paths), strict=True)
-            if problem is not None
-        ]
-    if problems:
+    undecodable = find_undecodable_images(paths, num_threads)
+    if undecodable:
+        problems = [f"{paths[position]} ({problem})" for position, problem in undecodable.items()]
         raise ValueError(
             f"{len(problems)} of {len(paths)} image files cannot be decoded:\n{_list_paths(problems)}\n"
             "Re-download or re-encode these files, or remove them from the annotations."

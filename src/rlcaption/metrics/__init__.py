@@ -1,8 +1,9 @@
 """Caption metrics computed exactly as the COCO caption evaluation code does, fast.
 
-`evaluate_captions` is the entry point for corpus evaluation; every metric is also a plain function on tokenized
-captions (`compute_bleu`, `compute_rouge_l`, `compute_cider_d`, `compute_meteor`, `compute_spice`) returning the
-corpus score and the per-image scores, and an `evaluate` module (`load_metric`). Diversity (`div_n`, `mbleu`,
+`evaluate_captions` is the entry point for corpus evaluation (its `CaptionScores` also say which default metrics
+could not run here); every metric is also a plain function on tokenized captions (`compute_bleu`, `compute_rouge_l`,
+`compute_cider_d`, `compute_meteor`, `compute_spice`) returning the corpus score and the per-image scores, and an
+`evaluate` module (`load_metric`). Diversity (`div_n`, `mbleu`,
 `self_bleu`, ...) and retrieval recall (`retrieval_recall`) sit beside them, as does the scene grounding of
 shapes captions (`scene_grounding`, `parse_shapes_caption`), which reads the vocabulary of `rlcaption.data.shapes`.
 The CLIP metrics (`clip_score`, `clip_retrieval`: CLIP-S and retrieval with any CLIP) import torch and transformers
@@ -13,7 +14,14 @@ from .bleu import compute_bleu, corpus_bleu_statistics
 from .cider import CiderD, DocumentFrequencies, compute_cider_d
 from .clip import CLIP_S_WEIGHT, clip_retrieval, clip_s, clip_score, embed_images, embed_texts, load_clip
 from .diversity import copy_rate, div_n, mbleu, self_bleu, set_diversity, vocabulary_size
-from .evaluation import AVAILABLE_METRICS, EVALUATE_MODULES, evaluate_captions, load_metric, tokenize_captions
+from .evaluation import (
+    AVAILABLE_METRICS,
+    EVALUATE_MODULES,
+    CaptionScores,
+    evaluate_captions,
+    load_metric,
+    tokenize_captions,
+)
 from .java import check_java, find_java
 from .meteor import MeteorScorer, compute_meteor
 from .retrieval import retrieval_recall
@@ -28,6 +36,7 @@ __all__ = [
     "EVALUATE_MODULES",
     "PUNCTUATIONS",
     "SCENE_GROUNDING_KEYS",
+    "CaptionScores",
     "CiderD",
     "DocumentFrequencies",
     "MeteorScorer",

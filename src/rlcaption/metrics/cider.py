@@ -12,9 +12,11 @@ training does: the IDF's `log(num_documents)` then counts the images of that cor
 
 `CiderD` is the fast scorer shared by `compute_cider_d` and the `cider` reward: reference n-gram vectors are built once
 per image key and cached; a batch of candidates is scored with NumPy operations over all candidates and references
-together: words are looked up once in a dict, n-grams get integer ids order by order from (prefix id, word id) pairs,
-sparse TF-IDF vectors are sorted id arrays, and clipped dot products come from one `searchsorted` and a few
-`bincount`s. The Python work is per word, not per n-gram.
+together: n-grams get integer ids and counts from `rlcaption.metrics.ngrams` (Python work per word, not per n-gram),
+sparse TF-IDF vectors are sorted id arrays, and clipped dot products come from one `searchsorted` and a few array
+reductions. Rows that share references (the samples of one image) share one set of reference vectors; with document
+frequencies from the evaluated references (`compute_cider_d_rows`), a reference list shared by several rows is
+counted once and weighted by the number of rows, which equals counting every row.
 """
 
 from __future__ import annotations
@@ -27,27 +29,20 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import repeat
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["DocumentFrequencies", "CiderD", "compute_cider_d"]
+from .ngrams import KEY_BITS, KEY_STRIDE, NgramVocabulary, distinct_sorted, documents_per_ngram, grouped_sum
+
+__all__ = ["DocumentFrequencies", "CiderD", "compute_cider_d", "compute_cider_d_rows"]
 
 K = TypeVar("K", bound=Hashable)
 
 _FILE_FORMAT = "rlcaption.cider.document_frequencies"
 _FILE_VERSION = 1
-# Two ints are packed into one int64 key `high * stride + low` for sorting and searching: (batch row, n-gram id), so
-# that one sorted array holds the reference vectors of a whole batch, and (prefix id, last word id), to identify an
-# n-gram. Ids below 2**32 and high parts below 2**31 fit.
-_KEY_STRIDE = 2**32
-
-
-def _grouped_sum(groups: np.ndarray, values: np.ndarray, num_groups: int) -> np.ndarray:
-    """Sum of `values` per group id in `range(num_groups)`: `(num_groups,)` float64 (also when there are none)."""
-    return np.bincount(groups, weights=values, minlength=num_groups).astype(np.float64, copy=False)
 
 
 def _chunks(items: Iterable, size: int) -> Iterable[list]:
@@ -59,14 +54,6 @@ def _chunks(items: Iterable, size: int) -> Iterable[list]:
             chunk = []
     if chunk:
         yield chunk
-
-
-def _count_images_per_ngram(image_of_entry: np.ndarray, ngram_ids: np.ndarray) -> np.ndarray:
-    """Number of distinct images per n-gram id, from (image, id) entries that may repeat: `(max id + 1,)`."""
-    # a sort-based unique: NumPy's hash-based `np.unique` is far slower on these keys
-    keys = np.sort(image_of_entry * _KEY_STRIDE + ngram_ids)
-    distinct = np.concatenate([keys[:1] >= 0, keys[1:] != keys[:-1]])
-    return np.bincount(keys[distinct] % _KEY_STRIDE)
 
 
 def _as_reference_list(references: Sequence[str]) -> Sequence[str]:
@@ -133,7 +120,7 @@ class DocumentFrequencies:
         Returns:
             `DocumentFrequencies`
         """
-        vocabulary = _NgramVocabulary(max_n)
+        vocabulary = NgramVocabulary(max_n)
         document_frequency = np.zeros(0, dtype=np.int64)
         num_documents = 0
         for chunk in _chunks(references, images_per_chunk):
@@ -142,8 +129,8 @@ class DocumentFrequencies:
                 for reference in _as_reference_list(image_references):
                     word_lists.append(reference.split())
                     image_of_reference.append(image)
-            rows, _, ids, *_ = vocabulary.count_batch(word_lists, assign=True)
-            chunk_frequency = _count_images_per_ngram(np.asarray(image_of_reference, np.int64)[rows], ids)
+            rows, _, ids, _ = vocabulary.count_batch(word_lists, assign=True)
+            chunk_frequency = documents_per_ngram(np.asarray(image_of_reference, np.int64)[rows], ids)
             document_frequency = np.pad(document_frequency, (0, vocabulary.size - len(document_frequency)))
             document_frequency[: len(chunk_frequency)] += chunk_frequency
             num_documents += len(chunk)
@@ -243,7 +230,7 @@ class DocumentFrequencies:
 
 @dataclass
 class _ReferenceVectors:
-    """TF-IDF vectors of the references of one image, in the layout the batched scorer consumes.
+    """TF-IDF vectors of the references of one image, as the cache keeps them.
 
     Attributes:
         raw_references (`tuple[str, ...]`): the references as given, to detect a key reused for other references.
@@ -262,173 +249,70 @@ class _ReferenceVectors:
     lengths: np.ndarray
 
 
-class _NgramVocabulary:
-    """Integer ids of n-grams, assigned and looked up for a whole batch of token lists at once.
+@dataclass
+class _ReferenceBatch:
+    """TF-IDF vectors of the references of several groups (images), in the layout the batched scorer consumes.
 
-    An n-gram of order n > 1 is identified by the pair (id of its first n - 1 words, id of its last word); every
-    prefix of a known n-gram is known (it occurs in the same caption), so a batch needs one dict lookup per word and
-    one `searchsorted` per order over sorted pair keys. Pairs added after the last sort (n-grams of newly cached
-    references) wait in a dict until there are enough of them to merge.
+    Each scored row names its group, so rows that share references (the samples of one image) share one group and
+    their references are laid out once. Groups with fewer references than the largest are padded with references of
+    zero weights and norms, which add nothing to a score.
+
+    Attributes:
+        keys (`np.ndarray` of shape `(num_entries,)`): sorted `group * KEY_STRIDE + ngram_id` over the union of the
+            n-grams of each group's references.
+        weights (`np.ndarray` of shape `(num_entries, max_references)`): TF-IDF weight of each entry's n-gram in each
+            reference of its group (0 where absent).
+        norms (`np.ndarray` of shape `(num_groups, max_references, max_n)`): L2 norm of each reference's vector per
+            order.
+        lengths (`np.ndarray` of shape `(num_groups, max_references)`): each reference's length as the COCO code
+            measures it (its number of bigrams).
+        reference_counts (`np.ndarray` of shape `(num_groups,)`): the number of references of each group.
     """
 
-    def __init__(self, max_n: int = 4):
-        self.max_n = max_n
-        self.size = 0
-        self.word_ids: dict[str, int] = {}  # word -> id of its unigram
-        orders = range(2, max_n + 1)
-        self.sorted_pair_keys = {order: np.zeros(0, dtype=np.int64) for order in orders}
-        self.sorted_pair_ids = {order: np.zeros(0, dtype=np.int64) for order in orders}
-        self.pending_pair_ids: dict[int, dict[int, int]] = {order: {} for order in orders}
+    keys: np.ndarray
+    weights: np.ndarray
+    norms: np.ndarray
+    lengths: np.ndarray
+    reference_counts: np.ndarray
 
     @classmethod
-    def from_document_frequencies(cls, document_frequencies: DocumentFrequencies) -> _NgramVocabulary:
-        """A vocabulary whose ids are the positions of the n-grams in `document_frequencies.index`."""
-        vocabulary = cls(document_frequencies.max_n)
-        index = document_frequencies.index
-        vocabulary.word_ids = {ngram[0]: ngram_id for ngram, ngram_id in index.items() if len(ngram) == 1}
-        for order in vocabulary.sorted_pair_keys:
-            ngrams = [(ngram, ngram_id) for ngram, ngram_id in index.items() if len(ngram) == order]
-            try:
-                keys = [index[ngram[:-1]] * _KEY_STRIDE + vocabulary.word_ids[ngram[-1]] for ngram, _ in ngrams]
-            except KeyError as error:
-                raise ValueError(
-                    f"The document frequencies lack {error.args[0]!r}, a part of one of their n-grams; counts of real "
-                    "captions contain every prefix and word of an n-gram. Rebuild them with "
-                    "`DocumentFrequencies.from_references`."
-                ) from None
-            vocabulary._merge(order, np.asarray(keys, np.int64), np.asarray([i for _, i in ngrams], np.int64))
-        vocabulary.size = len(index)
-        return vocabulary
+    def stack(cls, vectors: Sequence[_ReferenceVectors]) -> _ReferenceBatch:
+        """The batch whose group `i` is image `vectors[i]`."""
+        sizes = [len(image_vectors.ngram_ids) for image_vectors in vectors]
+        reference_counts = np.array([len(image_vectors.lengths) for image_vectors in vectors])
+        max_references = int(reference_counts.max())
+        keys = np.concatenate([image_vectors.ngram_ids for image_vectors in vectors])
+        keys += np.repeat(np.arange(len(vectors), dtype=np.int64) * KEY_STRIDE, sizes)
+        if (reference_counts == max_references).all():
+            weights = np.concatenate([image_vectors.weights for image_vectors in vectors])
+            norms = np.stack([image_vectors.norms for image_vectors in vectors])
+            lengths = np.stack([image_vectors.lengths for image_vectors in vectors])
+        else:
+            weights = np.zeros((len(keys), max_references))
+            norms = np.zeros((len(vectors), max_references, vectors[0].norms.shape[1]))
+            lengths = np.zeros((len(vectors), max_references))
+            offsets = np.cumsum([0, *sizes])
+            for group, (image_vectors, count) in enumerate(zip(vectors, reference_counts.tolist(), strict=True)):
+                weights[offsets[group] : offsets[group + 1], :count] = image_vectors.weights
+                norms[group, :count] = image_vectors.norms
+                lengths[group, :count] = image_vectors.lengths
+        return cls(keys, weights, norms, lengths, reference_counts)
 
-    def _merge(self, order: int, keys: np.ndarray, ids: np.ndarray) -> None:
-        keys = np.concatenate([self.sorted_pair_keys[order], keys])
-        ids = np.concatenate([self.sorted_pair_ids[order], ids])
-        by_key = np.argsort(keys, kind="stable")
-        self.sorted_pair_keys[order], self.sorted_pair_ids[order] = keys[by_key], ids[by_key]
-
-    def ngrams(self) -> list[tuple[str, ...]]:
-        """The n-gram of every id, as a tuple of words: `(size,)`."""
-        ngrams: list[tuple[str, ...] | None] = [None] * self.size
-        for word, word_id in self.word_ids.items():
-            ngrams[word_id] = (word,)
-        for order in self.sorted_pair_keys:
-            pairs = chain(
-                zip(self.sorted_pair_keys[order].tolist(), self.sorted_pair_ids[order].tolist(), strict=True),
-                self.pending_pair_ids[order].items(),
+    def split(self, raw_reference_lists: Sequence[Sequence[str]]) -> list[_ReferenceVectors]:
+        """The vectors of each group on their own, for the cache, labelled with the group's raw references."""
+        bounds = np.searchsorted(self.keys, np.arange(len(self.reference_counts) + 1) * KEY_STRIDE).tolist()
+        return [
+            _ReferenceVectors(
+                raw_references=tuple(references),
+                ngram_ids=self.keys[bounds[group] : bounds[group + 1]] - group * KEY_STRIDE,
+                weights=self.weights[bounds[group] : bounds[group + 1], :count].copy(),
+                norms=self.norms[group, :count],
+                lengths=self.lengths[group, :count],
             )
-            for key, ngram_id in pairs:
-                ngrams[ngram_id] = ngrams[key // _KEY_STRIDE] + ngrams[key % _KEY_STRIDE]
-        return ngrams
-
-    def _pair_ids(self, order: int, keys: np.ndarray, assign: bool) -> np.ndarray:
-        """Ids of the n-grams with the given (prefix id, last word id) keys; new ids when `assign`, else -1."""
-        table = self.sorted_pair_keys[order]
-        ids = np.full(len(keys), -1, dtype=np.int64)
-        if len(table) and len(keys):
-            positions = np.minimum(np.searchsorted(table, keys), len(table) - 1)
-            found = table[positions] == keys
-            ids[found] = self.sorted_pair_ids[order][positions[found]]
-        pending = self.pending_pair_ids[order]
-        missing = np.flatnonzero(ids < 0)
-        if pending and len(missing):
-            ids[missing] = [pending.get(key, -1) for key in keys[missing].tolist()]
-            missing = missing[ids[missing] < 0]
-        if assign and len(missing):
-            new_keys, inverse = np.unique(keys[missing], return_inverse=True)
-            new_ids = np.arange(self.size, self.size + len(new_keys), dtype=np.int64)
-            self.size += len(new_keys)
-            ids[missing] = new_ids[inverse]
-            pending.update(zip(new_keys.tolist(), new_ids.tolist(), strict=True))
-            if len(pending) > max(4096, len(table) // 8):  # sorting is cheaper than Python lookups from here on
-                self._merge(order, np.fromiter(pending, np.int64), np.fromiter(pending.values(), np.int64))
-                pending.clear()
-        return ids
-
-    def count_batch(self, word_lists: Sequence[Sequence[str]], assign: bool = False) -> tuple[np.ndarray, ...]:
-        """Term frequencies of the n-grams of a batch of token lists, without Python work per n-gram.
-
-        Args:
-            word_lists (`Sequence[Sequence[str]]` of length `batch_size`): the tokens of each caption.
-            assign (`bool`): give unseen n-grams new ids (references) instead of reporting them as unknown.
-
-        Returns:
-            `(rows, orders, ids, counts)` of the known n-grams (one entry per distinct n-gram and row; orders count
-            from 0) and `(unknown_rows, unknown_orders, unknown_counts)` of the unseen ones (none with `assign`),
-            which can match no reference and only enter the caption's norm.
-        """
-        max_n = self.max_n
-        lengths = np.fromiter(map(len, word_lists), dtype=np.int64, count=len(word_lists))
-        words = list(chain.from_iterable(word_lists))
-        word_get = self.word_ids.get
-        tokens = [word_get(word) for word in words]
-        if None in tokens:
-            if assign:
-                for word in words:
-                    if word not in self.word_ids:
-                        self.word_ids[word] = self.size
-                        self.size += 1
-                tokens = [self.word_ids[word] for word in words]
-            else:
-                # unseen words get distinct negative ids (-2, -3, ...) so that repeated unknown n-grams count up
-                unseen: dict[str, int] = {}
-                tokens = [
-                    -2 - unseen.setdefault(word, len(unseen)) if token is None else token
-                    for token, word in zip(tokens, words, strict=True)
-                ]
-        tokens = np.asarray(tokens, dtype=np.int64)  # (num_words,)
-        num_words = len(tokens)
-        positions = np.arange(num_words)
-        row_of_word = np.repeat(np.arange(len(word_lists)), lengths)
-        row_end = np.repeat(np.cumsum(lengths), lengths)
-
-        # id of the n-gram starting at each word, order by order from its prefix's id; -1 when unknown
-        starts_per_order, ids_per_order = [positions], [np.where(tokens >= 0, tokens, -1)]
-        previous_ids = ids_per_order[0]
-        for order in range(2, max_n + 1):
-            starts = positions[positions + order - 1 < row_end]
-            prefix_ids, last_tokens = previous_ids[starts], tokens[starts + order - 1]
-            ids = np.full(len(starts), -1, dtype=np.int64)
-            known_parts = (prefix_ids >= 0) & (last_tokens >= 0)
-            ids[known_parts] = self._pair_ids(
-                order, prefix_ids[known_parts] * _KEY_STRIDE + last_tokens[known_parts], assign
+            for group, (references, count) in enumerate(
+                zip(raw_reference_lists, self.reference_counts.tolist(), strict=True)
             )
-            starts_per_order.append(starts)
-            ids_per_order.append(ids)
-            previous_ids = np.full(num_words, -1, dtype=np.int64)
-            previous_ids[starts] = ids
-        starts = np.concatenate(starts_per_order)
-        ids = np.concatenate(ids_per_order)
-        orders = np.repeat(np.arange(max_n), [len(order_starts) for order_starts in starts_per_order])
-        rows = row_of_word[starts]
-
-        # known n-grams: count repeats of (row, id)
-        known = ids >= 0
-        unique_keys, first, counts = np.unique(
-            rows[known] * _KEY_STRIDE + ids[known], return_index=True, return_counts=True
-        )
-        known_rows, known_ids, known_orders = (
-            unique_keys // _KEY_STRIDE,
-            unique_keys % _KEY_STRIDE,
-            orders[known][first],
-        )
-
-        # unknown n-grams: count repeats of (row, n-gram); the n-grams get batch-local codes order by order, from
-        # (code of the prefix, code of the last word), so that equal n-grams get equal codes
-        unknown = np.flatnonzero(~known)
-        _, codes = np.unique(tokens, return_inverse=True)
-        codes_per_order, previous_codes = [codes], codes
-        for order_starts in starts_per_order[1:]:
-            order = len(codes_per_order) + 1
-            pair_keys = previous_codes[order_starts] * (num_words + 1) + codes[order_starts + order - 1]
-            previous_codes = np.zeros(num_words, dtype=np.int64)
-            previous_codes[order_starts] = np.unique(pair_keys, return_inverse=True)[1]
-            codes_per_order.append(previous_codes[order_starts])
-        ngram_codes = np.concatenate(codes_per_order)[unknown]
-        row_order_keys = (rows[unknown] * max_n + orders[unknown]) * (num_words + 1) + ngram_codes
-        unique_keys, unknown_counts = np.unique(row_order_keys, return_counts=True)
-        unknown_row_orders = unique_keys // (num_words + 1)
-        unknown_rows, unknown_orders = unknown_row_orders // max_n, unknown_row_orders % max_n
-        return known_rows, known_orders, known_ids, counts, unknown_rows, unknown_orders, unknown_counts
+        ]
 
 
 class CiderD:
@@ -461,30 +345,17 @@ class CiderD:
         self.text_normalizer = text_normalizer
         self.max_cached_images = max_cached_images
         self.max_n = document_frequencies.max_n
-        self._vocabulary = _NgramVocabulary.from_document_frequencies(document_frequencies)
-        # n-grams of cached references that the corpus lacks get ids after the corpus's; their df is 0, so their IDF
-        # is log(num_documents), like any unseen n-gram
-        self._corpus_idf = document_frequencies.idf()
+        try:
+            self._vocabulary = NgramVocabulary.from_ngrams(document_frequencies.index, document_frequencies.max_n)
+        except KeyError as error:
+            raise ValueError(
+                f"The document frequencies lack {error.args[0]!r}, a part of one of their n-grams; counts of real "
+                "captions contain every prefix and word of an n-gram. Rebuild them with "
+                "`DocumentFrequencies.from_references`."
+            ) from None
         self._log_num_documents = document_frequencies.log_num_documents
+        self._idf = self._idf_table(document_frequencies.idf())
         self._cache: OrderedDict[Hashable, _ReferenceVectors] = OrderedDict()
-
-    @classmethod
-    def _for_evaluated_references(
-        cls, keys: Sequence[Hashable], reference_lists: Sequence[Sequence[str]], sigma: float
-    ) -> tuple[CiderD, list[_ReferenceVectors]]:
-        """A scorer whose document frequencies come from the evaluated references (the official COCO evaluation),
-        counted from the same n-gram ids as the reference vectors, and those vectors.
-
-        The counts exist only as IDF weights by id: the scorer's `document_frequencies` attribute stays empty.
-        """
-        scorer = cls(DocumentFrequencies({}, num_documents=len(reference_lists)), sigma=sigma)
-        counted = scorer._count_references(keys, reference_lists)
-        rows, _, ids, _, image_of_reference = counted[:5]
-        document_frequency = np.zeros(scorer._vocabulary.size, dtype=np.int64)
-        images_per_ngram = _count_images_per_ngram(image_of_reference[rows], ids)
-        document_frequency[: len(images_per_ngram)] = images_per_ngram
-        scorer._corpus_idf = scorer._log_num_documents - np.log(np.maximum(document_frequency, 1).astype(np.float64))
-        return scorer, scorer._reference_vectors(reference_lists, *counted)
 
     def clear_cache(self) -> None:
         """Forgets every cached reference vector."""
@@ -494,115 +365,133 @@ class CiderD:
     def num_cached_images(self) -> int:
         return len(self._cache)
 
-    def _words(self, text: str, normalize: bool = True) -> list[str]:
-        if not isinstance(text, str):
+    def _word_lists(self, texts: Sequence[str], normalize: bool = True) -> list[list[str]]:
+        """The words of each caption, after `text_normalizer` when there is one and `normalize`."""
+        if not all(map(isinstance, texts, repeat(str))):
+            text = next(text for text in texts if not isinstance(text, str))
             raise ValueError(f"Expected a caption string, got {type(text).__name__} {text!r}.")
-        return (self.text_normalizer(text) if normalize and self.text_normalizer is not None else text).split()
+        if normalize and self.text_normalizer is not None:
+            texts = map(self.text_normalizer, texts)
+        return list(map(str.split, texts))
+
+    def _idf_table(self, corpus_idf: np.ndarray) -> np.ndarray:
+        """The IDF of every corpus n-gram by id, then that of any other: n-grams of cached references that the corpus
+        lacks get ids after the corpus's, and unseen candidate n-grams ids of their own; their df is 0, so their IDF
+        is log(num_documents)."""
+        return np.append(corpus_idf, self._log_num_documents)
 
     def _idf_of(self, ngram_ids: np.ndarray) -> np.ndarray:
-        """IDF of each id; ids outside the corpus (extra reference n-grams) have df 0."""
-        in_corpus = ngram_ids < len(self._corpus_idf)
-        idf = np.full(ngram_ids.shape, self._log_num_documents)
-        idf[in_corpus] = self._corpus_idf[ngram_ids[in_corpus]]
-        return idf
+        """IDF of each id (see `_idf_table`)."""
+        return self._idf[np.minimum(ngram_ids, len(self._idf) - 1)]
 
-    def _count_references(
-        self, keys: Sequence[Hashable], reference_lists: Sequence[Sequence[str]]
-    ) -> tuple[np.ndarray, ...]:
-        """N-gram counts of every reference of several images: `(rows, orders, ids, counts)` with `rows` indexing
-        the references in order, then `image_of_reference`, `first_reference` (per image, plus the total) and the
-        references' lengths as the COCO code measures them (their number of bigrams)."""
-        word_lists = []
+    def _reference_words(
+        self, keys: Iterable[Hashable], reference_lists: Sequence[Sequence[str]]
+    ) -> tuple[list[list[str]], np.ndarray]:
+        """The words of every reference of several images, in order, and `first_reference`: the position of each
+        image's first reference, plus the total."""
+        texts = []
         first_reference = [0]
         for key, references in zip(keys, reference_lists, strict=True):
             _check_reference_list(key, references)
-            word_lists.extend(self._words(reference) for reference in references)
-            first_reference.append(len(word_lists))
-        rows, orders, ids, counts, *_ = self._vocabulary.count_batch(word_lists, assign=True)
-        first_reference = np.asarray(first_reference)
-        image_of_reference = np.repeat(np.arange(len(keys), dtype=np.int64), np.diff(first_reference))
-        lengths = np.array([max(len(words) - 1, 0) for words in word_lists], dtype=np.float64)
-        return rows, orders, ids, counts, image_of_reference, first_reference, lengths
+            texts.extend(references)
+            first_reference.append(len(texts))
+        return self._word_lists(texts), np.asarray(first_reference)
 
-    def _reference_vectors(
+    def _new_reference_batch(
+        self, keys: Iterable[Hashable], reference_lists: Sequence[Sequence[str]]
+    ) -> _ReferenceBatch:
+        """The TF-IDF vectors of several images' references, image `i` as group `i`; their n-grams join the
+        vocabulary."""
+        word_lists, first_reference = self._reference_words(keys, reference_lists)
+        counted = self._vocabulary.count_batch(word_lists, assign=True)
+        return self._reference_batch(counted, _bigram_counts(word_lists), first_reference)
+
+    def _reference_batch(
         self,
-        reference_lists: Sequence[Sequence[str]],
-        rows: np.ndarray,
-        orders: np.ndarray,
-        ids: np.ndarray,
-        counts: np.ndarray,
-        image_of_reference: np.ndarray,
-        first_reference: np.ndarray,
+        counted: tuple[np.ndarray, ...],
         lengths: np.ndarray,
-    ) -> list[_ReferenceVectors]:
-        """Per-image TF-IDF vectors from the counts of `_count_references`."""
-        max_n = self.max_n
-        weights = counts * self._idf_of(ids)
-        norms = np.sqrt(_grouped_sum(rows * max_n + orders, weights**2, len(lengths) * max_n)).reshape(-1, max_n)
-        # union of n-grams per image: unique (image, id) keys, sorted by image then id
-        reference_counts = np.diff(first_reference)
-        image_of_entry = image_of_reference[rows]
-        union_keys, inverse = np.unique(image_of_entry * _KEY_STRIDE + ids, return_inverse=True)
-        union_bounds = np.searchsorted(union_keys // _KEY_STRIDE, np.arange(len(reference_lists) + 1))
-        weight_matrix = np.zeros((len(union_keys), int(reference_counts.max())))
-        weight_matrix[inverse, rows - first_reference[image_of_entry]] = weights
-        return [
-            _ReferenceVectors(
-                raw_references=tuple(references),
-                ngram_ids=union_keys[union_bounds[image] : union_bounds[image + 1]] - image * _KEY_STRIDE,
-                weights=weight_matrix[union_bounds[image] : union_bounds[image + 1], : reference_counts[image]].copy(),
-                norms=norms[first_reference[image] : first_reference[image + 1]],
-                lengths=lengths[first_reference[image] : first_reference[image + 1]],
-            )
-            for image, references in enumerate(reference_lists)
-        ]
+        first_reference: np.ndarray,
+        documents_per_image: np.ndarray | None = None,
+    ) -> _ReferenceBatch:
+        """The TF-IDF vectors of references from their n-gram counts `(rows, orders, ids, counts)` (rows indexing the
+        references), lengths (numbers of bigrams) and `first_reference` (see `_reference_words`).
 
-    def _cached_vectors(
+        With `documents_per_image`, the document frequencies are first counted from these references (the official
+        evaluation), image `i` standing for `documents_per_image[i]` documents: its n-grams count that many times,
+        exactly as counting each of those documents would. They exist only as IDF weights by id: the scorer's
+        `document_frequencies` attribute is not updated.
+        """
+        rows, orders, ids, counts = counted
+        image_of_reference = np.repeat(np.arange(len(first_reference) - 1), np.diff(first_reference))
+        max_n = self.max_n
+        # union of n-grams per image: unique (image, id) keys, sorted by image then id
+        keys, inverse = distinct_sorted(image_of_reference[rows] * KEY_STRIDE + ids)
+        if documents_per_image is not None:
+            images, ngram_ids = keys >> KEY_BITS, keys & (KEY_STRIDE - 1)
+            frequency = np.bincount(ngram_ids, weights=documents_per_image[images])
+            self._idf = self._idf_table(self._log_num_documents - np.log(np.maximum(frequency, 1.0)))
+        num_references = len(lengths)
+        weights = counts * self._idf_of(ids)
+        norms = np.sqrt(grouped_sum(rows * max_n + orders, weights**2, num_references * max_n))
+        reference_counts = np.diff(first_reference)
+        max_references = int(reference_counts.max())
+        slot = np.arange(num_references) - first_reference[image_of_reference]  # place of a reference in its image
+        weight_matrix = np.zeros((len(keys), max_references))
+        weight_matrix[inverse, slot[rows]] = weights
+        padded_norms = np.zeros((len(reference_counts), max_references, max_n))
+        padded_norms[image_of_reference, slot] = norms.reshape(num_references, max_n)
+        padded_lengths = np.zeros((len(reference_counts), max_references))
+        padded_lengths[image_of_reference, slot] = lengths
+        return _ReferenceBatch(keys, weight_matrix, padded_norms, padded_lengths, reference_counts)
+
+    def _row_references(
         self, keys: Sequence[Hashable], reference_lists: Sequence[Sequence[str]]
-    ) -> list[_ReferenceVectors]:
-        """The vectors of each row's references: from the cache, or built (all misses together) and cached.
+    ) -> tuple[_ReferenceBatch, np.ndarray]:
+        """The vectors of each distinct key's references as one batch, from the cache or built (all misses together)
+        and cached, and the group of each row's key in it: `(vectors, group_of_row)`.
 
         A key seen before with different references is rebuilt and re-cached, so a reused key never gives a stale
         score.
         """
-        row_vectors: list[_ReferenceVectors | None] = []
-        missing: dict[Hashable, Sequence[str]] = {}
+        group_of_key: dict[Hashable, int] = {}
+        group_references: list[Sequence[str]] = []
+        group_of_row = []
         for key, references in zip(keys, reference_lists, strict=True):
-            if key in missing:
-                if tuple(missing[key]) != tuple(references):
-                    raise ValueError(
-                        f"Image key {key!r} appears twice in one batch with different references; give every image "
-                        "a unique key (e.g. its image_id)."
-                    )
-                row_vectors.append(None)
-                continue
+            group = group_of_key.get(key)
+            if group is None:
+                group = group_of_key[key] = len(group_references)
+                group_references.append(references)
+            elif references is not group_references[group] and tuple(references) != tuple(group_references[group]):
+                raise ValueError(
+                    f"Image key {key!r} appears twice in one batch with different references; give every image a "
+                    "unique key (e.g. its image_id)."
+                )
+            group_of_row.append(group)
+        vectors: list[_ReferenceVectors | None] = []
+        missing = []
+        for group, (key, references) in enumerate(zip(group_of_key, group_references, strict=True)):
             cached = self._cache.get(key)
             if cached is not None and cached.raw_references == tuple(references):
                 self._cache.move_to_end(key)
-                row_vectors.append(cached)
             else:
-                missing[key] = references
-                row_vectors.append(None)
-        if missing:
-            built = dict(
-                zip(
-                    missing,
-                    self._reference_vectors(
-                        list(missing.values()), *self._count_references(list(missing), list(missing.values()))
-                    ),
-                    strict=True,
-                )
-            )
-            for key, vectors in built.items():
-                self._cache[key] = vectors
-                self._cache.move_to_end(key)
-            row_vectors = [
-                built[key] if vectors is None else vectors for key, vectors in zip(keys, row_vectors, strict=True)
-            ]
-            if self.max_cached_images is not None:
-                while len(self._cache) > self.max_cached_images:
-                    self._cache.popitem(last=False)
-        return row_vectors
+                missing.append(group)
+            vectors.append(cached)
+        group_of_row = np.asarray(group_of_row, dtype=np.int64)
+        if not missing:
+            return _ReferenceBatch.stack(vectors), group_of_row
+        group_keys = list(group_of_key)
+        missing_keys = [group_keys[group] for group in missing]
+        missing_lists = [group_references[group] for group in missing]
+        built = self._new_reference_batch(missing_keys, missing_lists)
+        for group, key, image_vectors in zip(missing, missing_keys, built.split(missing_lists), strict=True):
+            vectors[group] = self._cache[key] = image_vectors
+            self._cache.move_to_end(key)
+        if self.max_cached_images is not None:
+            while len(self._cache) > self.max_cached_images:
+                self._cache.popitem(last=False)
+        if len(missing) == len(vectors):  # every image is new: the batch just built is already the one needed
+            return built, group_of_row
+        return _ReferenceBatch.stack(vectors), group_of_row
 
     def score(
         self,
@@ -633,86 +522,76 @@ class CiderD:
             raise ValueError(f"Got {batch_size} candidates but {len(keys)} keys; pass one key per candidate.")
         if batch_size == 0:
             return np.zeros(0)
-
-        # 1. reference vectors of every row, from the cache
         if keys is None:
             keys = [tuple(image_references) for image_references in references]
-        row_vectors = self._cached_vectors(keys, references)
-        return self._score_rows(candidates, row_vectors, normalize=normalize_candidates)
+        vectors, group_of_row = self._row_references(keys, references)
+        return self._score_batch(candidates, vectors, group_of_row, normalize=normalize_candidates)
 
-    def _score_rows(
-        self, candidates: Sequence[str], row_vectors: Sequence[_ReferenceVectors], normalize: bool = True
+    def _score_batch(
+        self,
+        candidates: Sequence[str],
+        references: _ReferenceBatch,
+        group_of_row: np.ndarray,
+        normalize: bool = True,
     ) -> np.ndarray:
-        """Scores of each candidate against the reference vectors of its row: `(batch_size,)`."""
-        batch_size = len(candidates)
-        max_n = self.max_n
-
-        # 2. candidate n-grams: term frequencies of the known ones (row, order, id) and of the unknown ones, whose
-        # IDF is log(num_documents) and which only enter the candidate's norm
-        word_lists = [self._words(candidate, normalize) for candidate in candidates]
-        candidate_lengths = np.array([max(len(words) - 1, 0) for words in word_lists], dtype=np.float64)
+        """Scores of each candidate against the references of its row's group: `(batch_size,)`."""
+        word_lists = self._word_lists(candidates, normalize)
         counted = self._vocabulary.count_batch(word_lists)
-        rows, orders, ids, counts, unknown_rows, unknown_orders, unknown_counts = counted
+        return self._score_counted(counted, _bigram_counts(word_lists), references, group_of_row)
+
+    def _score_counted(
+        self,
+        counted: tuple[np.ndarray, ...],
+        candidate_lengths: np.ndarray,
+        references: _ReferenceBatch,
+        group_of_row: np.ndarray,
+    ) -> np.ndarray:
+        """Scores of candidates from their n-gram counts `(rows, orders, ids, counts)` (sorted by row and order) and
+        lengths (numbers of bigrams), against the references of each row's group: `(batch_size,)`."""
+        batch_size = len(candidate_lengths)
+        max_n = self.max_n
+        max_references = references.weights.shape[1]
+
+        # 1. candidate vectors; ids outside the corpus (df 0) weigh log(num_documents), and those the vocabulary lacks
+        # match no reference and only enter the norm
+        rows, orders, ids, counts = counted
         candidate_weights = counts * self._idf_of(ids)
-        unknown_weights = unknown_counts * self._log_num_documents
         row_orders = rows * max_n + orders
-        squared_norms = _grouped_sum(row_orders, candidate_weights**2, batch_size * max_n)
-        squared_norms += _grouped_sum(unknown_rows * max_n + unknown_orders, unknown_weights**2, batch_size * max_n)
-        candidate_norms = np.sqrt(squared_norms).reshape(batch_size, max_n)
+        candidate_norms = np.sqrt(grouped_sum(row_orders, candidate_weights**2, batch_size * max_n))
 
-        # 3. batch reference layout: union n-grams of all rows in one sorted key array, weights padded to the
-        # largest reference count (padded references have zero weights and norms, so they add nothing)
-        union_sizes = np.array([len(vectors.ngram_ids) for vectors in row_vectors])
-        reference_counts = np.array([vectors.weights.shape[1] for vectors in row_vectors])
-        max_references = int(reference_counts.max())
-        reference_keys = np.concatenate([vectors.ngram_ids for vectors in row_vectors])
-        reference_keys += np.repeat(np.arange(batch_size, dtype=np.int64) * _KEY_STRIDE, union_sizes)
-        if (reference_counts == max_references).all():
-            reference_weights = np.concatenate([vectors.weights for vectors in row_vectors])
-        else:
-            reference_weights = np.zeros((len(reference_keys), max_references))
-            offsets = np.concatenate([[0], np.cumsum(union_sizes)])
-            for row, vectors in enumerate(row_vectors):
-                reference_weights[offsets[row] : offsets[row + 1], : reference_counts[row]] = vectors.weights
-        if (reference_counts == max_references).all():
-            reference_norms = np.stack([vectors.norms for vectors in row_vectors])
-            reference_lengths = np.stack([vectors.lengths for vectors in row_vectors])
-        else:
-            reference_norms = np.zeros((batch_size, max_references, max_n))
-            reference_lengths = np.zeros((batch_size, max_references))
-            for row, vectors in enumerate(row_vectors):
-                reference_norms[row, : reference_counts[row]] = vectors.norms
-                reference_lengths[row, : reference_counts[row]] = vectors.lengths
+        # 2. clipped dot products: for each candidate n-gram found among its group's references,
+        # min(w_cand, w_ref) * w_ref for every reference, summed per (row, order)
+        similarity = np.zeros((batch_size * max_n, max_references))
+        if len(references.keys):
+            candidate_keys = group_of_row[rows] * KEY_STRIDE + ids
+            positions = np.searchsorted(references.keys, candidate_keys)
+            positions[positions == len(references.keys)] = 0
+            matched = np.flatnonzero(references.keys[positions] == candidate_keys)
+            if len(matched):
+                reference_weights = references.weights[positions[matched]]  # (num_matched, max_references)
+                clipped = np.minimum(candidate_weights[matched, None], reference_weights) * reference_weights
+                # the entries of one (row, order) are contiguous: sum each run
+                matched_row_orders = row_orders[matched]
+                run_starts = np.flatnonzero(np.diff(matched_row_orders, prepend=-1))
+                similarity[matched_row_orders[run_starts]] = np.add.reduceat(clipped, run_starts, axis=0)
+        similarity = similarity.reshape(batch_size, max_n, max_references)
 
-        # 4. clipped dot products: for each candidate n-gram found among its row's references,
-        # min(w_cand, w_ref) * w_ref, summed per (row, order) for every reference
-        candidate_keys = rows * _KEY_STRIDE + ids
-        if len(reference_keys) == 0:  # every reference of the batch is empty
-            positions = np.zeros(len(candidate_keys), dtype=np.int64)
-            matched = np.zeros(len(candidate_keys), dtype=bool)
-        else:
-            positions = np.minimum(np.searchsorted(reference_keys, candidate_keys), len(reference_keys) - 1)
-            matched = (ids >= 0) & (reference_keys[positions] == candidate_keys)
-        matched_reference_weights = reference_weights[positions[matched]]  # (num_matched, max_references)
-        clipped = np.minimum(candidate_weights[matched, None], matched_reference_weights) * matched_reference_weights
-        matched_row_orders = row_orders[matched]
-        similarity = np.stack(
-            [
-                _grouped_sum(matched_row_orders, clipped[:, reference], batch_size * max_n)
-                for reference in range(max_references)
-            ],
-            axis=-1,
-        ).reshape(batch_size, max_n, max_references)
-
-        # 5. cosine: divide only where both norms are non-zero (the COCO code leaves the raw sum otherwise)
-        denominators = candidate_norms[:, :, None] * reference_norms.transpose(0, 2, 1)  # (batch, max_n, max_refs)
+        # 3. cosine: divide only where both norms are non-zero (the COCO code leaves the raw sum otherwise)
+        reference_norms = references.norms[group_of_row].transpose(0, 2, 1)  # (batch, max_n, max_references)
+        denominators = candidate_norms.reshape(batch_size, max_n, 1) * reference_norms
         np.divide(similarity, denominators, out=similarity, where=denominators != 0)
 
-        # 6. Gaussian length penalty, mean over orders, mean over references, x10
-        delta = candidate_lengths[:, None] - reference_lengths  # (batch, max_references)
+        # 4. Gaussian length penalty, mean over orders, mean over references, x10
+        delta = candidate_lengths[:, None] - references.lengths[group_of_row]  # (batch, max_references)
         penalty = np.e ** (-(delta**2) / (2 * self.sigma**2))
         per_order = (similarity * penalty[:, None, :]).sum(axis=2)  # (batch, max_n)
-        return per_order.mean(axis=1) / reference_counts * 10.0
+        return per_order.mean(axis=1) / references.reference_counts[group_of_row] * 10.0
+
+
+def _bigram_counts(word_lists: Sequence[Sequence[str]]) -> np.ndarray:
+    """The length of each caption as the COCO code measures it (its number of bigrams): `(num_captions,)` float64."""
+    lengths = np.fromiter(map(len, word_lists), dtype=np.int64, count=len(word_lists))
+    return np.maximum(lengths - 1, 0).astype(np.float64)
 
 
 def compute_cider_d(
@@ -746,10 +625,71 @@ def compute_cider_d(
     reference_lists = [references[key] for key in keys]
     for key, image_references in zip(keys, reference_lists, strict=True):
         _check_reference_list(key, image_references)
+    candidates = [predictions[key] for key in keys]
     if document_frequencies is None:
-        scorer, row_vectors = CiderD._for_evaluated_references(keys, reference_lists, sigma)
+        list_of_references: dict[tuple[str, ...], int] = {}
+        list_of_row = [list_of_references.setdefault(tuple(refs), len(list_of_references)) for refs in reference_lists]
+        scores = compute_cider_d_rows(candidates, list(list_of_references), list_of_row, sigma=sigma)
     else:
         scorer = CiderD(document_frequencies, sigma=sigma)
-        row_vectors = scorer._reference_vectors(reference_lists, *scorer._count_references(keys, reference_lists))
-    scores = scorer._score_rows([predictions[key] for key in keys], row_vectors)
+        vectors = scorer._new_reference_batch(keys, reference_lists)
+        scores = scorer._score_batch(candidates, vectors, np.arange(len(keys)))
     return float(np.mean(scores)), {key: float(score) for key, score in zip(keys, scores, strict=True)}
+
+
+def compute_cider_d_rows(
+    candidates: Sequence[str],
+    reference_lists: Sequence[Sequence[str]],
+    reference_list_of_row: Sequence[int],
+    documents_per_list: Sequence[int] | None = None,
+    sigma: float = 6.0,
+) -> np.ndarray:
+    """Per-row CIDEr-D with document frequencies from the rows' own references, equal to `pycocoevalcap`'s `Cider` on
+    the same rows (every row is one document), with rows that share references counted together.
+
+    Rows that share references (the samples of one image) name the same list: its n-grams are counted and its vectors
+    built once, and its n-grams count once per document it stands for, which is exactly what counting every row
+    gives (a document frequency counts documents).
+
+    Args:
+        candidates (`Sequence[str]` of length `batch_size`): one caption per row, as space-joined tokens.
+        reference_lists (`Sequence[Sequence[str]]`): the distinct reference lists, as space-joined tokens.
+        reference_list_of_row (`Sequence[int]` of length `batch_size`): the index in `reference_lists` of each row's
+            references.
+        documents_per_list (`Sequence[int]`, *optional*): how many documents each list stands for; by default the
+            number of rows naming it. Larger counts add documents that are not scored, e.g. rows whose empty
+            candidate the caller scores 0 itself but that the COCO code still counts.
+        sigma (`float`, defaults to 6.0): standard deviation of the Gaussian length penalty.
+
+    Returns:
+        `np.ndarray` of shape `(batch_size,)`: each row's score.
+    """
+    list_of_row = np.asarray(reference_list_of_row, dtype=np.int64).reshape(-1)
+    if len(list_of_row) != len(candidates):
+        raise ValueError(f"Got {len(candidates)} candidates but {len(list_of_row)} reference-list indices.")
+    if len(list_of_row) and (list_of_row.min() < 0 or list_of_row.max() >= len(reference_lists)):
+        raise ValueError(f"reference_list_of_row must index the {len(reference_lists)} reference lists.")
+    rows_per_list = np.bincount(list_of_row, minlength=len(reference_lists))
+    documents = rows_per_list if documents_per_list is None else np.asarray(documents_per_list, dtype=np.int64)
+    if documents.shape != rows_per_list.shape or (documents < rows_per_list).any():
+        raise ValueError(
+            f"documents_per_list must give each of the {len(reference_lists)} reference lists at least as many "
+            f"documents as rows name it ({rows_per_list.tolist()}), got {documents.tolist()}."
+        )
+    if len(candidates) == 0:
+        return np.zeros(0)
+    scorer = CiderD(DocumentFrequencies({}, num_documents=int(documents.sum())), sigma=sigma)
+    word_lists, first_reference = scorer._reference_words(range(len(reference_lists)), reference_lists)
+    candidate_words = scorer._word_lists(candidates)
+    # references and candidates are counted in one pass, with ids local to it (the scorer's vocabulary stays empty);
+    # a candidate n-gram that no reference has gets df 0, like any n-gram the corpus lacks
+    rows, orders, ids, counts = scorer._vocabulary.count_batch([*word_lists, *candidate_words])
+    split = np.searchsorted(rows, len(word_lists))  # the entries are sorted by row
+    vectors = scorer._reference_batch(
+        (rows[:split], orders[:split], ids[:split], counts[:split]),
+        _bigram_counts(word_lists),
+        first_reference,
+        documents_per_image=documents,
+    )
+    candidate_counts = (rows[split:] - len(word_lists), orders[split:], ids[split:], counts[split:])
+    return scorer._score_counted(candidate_counts, _bigram_counts(candidate_words), vectors, list_of_row)

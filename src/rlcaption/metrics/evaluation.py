@@ -4,11 +4,13 @@
 with the PTB tokenizer, then run each scorer on the tokens) and returns the scores under the toolkit's keys. It
 differs from the toolkit where the toolkit gets in the way: the metrics to run can be chosen, the tokenizer is pure
 Python by default, METEOR keeps one Java process across calls, CIDEr-D can take training-corpus document
-frequencies, and per-caption scores come back keyed like the inputs.
+frequencies, per-caption scores come back keyed like the inputs, and by default the Java metrics that cannot run
+here (no Java, no SPICE jars) are skipped with a warning instead of failing the whole evaluation.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AVAILABLE_METRICS",
     "EVALUATE_MODULES",
+    "CaptionScores",
     "evaluate_captions",
     "load_metric",
     "resolve_metric_names",
@@ -35,6 +38,8 @@ __all__ = [
 ]
 
 K = TypeVar("K", bound=Hashable)
+
+logger = logging.getLogger(__name__)
 
 # Metric names accepted by `evaluate_captions(metrics=...)`, in the order the scores are reported.
 AVAILABLE_METRICS = ("bleu", "meteor", "rouge_l", "cider", "spice", "spider")
@@ -46,6 +51,36 @@ _REQUIREMENTS = {"spider": ("cider", "spice")}
 EVALUATE_MODULES = ("bleu", "meteor", "rouge_l", "cider_d", "spice", "spider", "scene_grounding")
 _MODULE_ALIASES = {"rouge": "rouge_l", "cider": "cider_d", "cider-d": "cider_d"}
 _MODULES_DIR = Path(__file__).resolve().parent.parent / "evaluate_modules"
+
+
+class CaptionScores(dict):
+    """The corpus scores of [`evaluate_captions`] (a `dict` keyed like the COCO toolkit), with the metrics skipped.
+
+    Attributes:
+        skipped (`dict[str, str]`): every default metric that could not run here, with why (empty when all ran, and
+            always empty for explicitly requested metrics, which raise instead).
+    """
+
+    def __init__(self, scores: Mapping[str, float], skipped: Mapping[str, str]):
+        super().__init__(scores)
+        self.skipped = dict(skipped)
+
+
+def _unavailable_java_metrics(names: Sequence[str], requested: bool) -> dict[str, str]:
+    """The Java metrics among `names` that cannot run here, with the error saying why; metrics `requested` by name
+    raise that error instead."""
+    unavailable = {}
+    for name, check in (("meteor", lambda: check_java(8)), ("spice", check_spice)):
+        if name in names:
+            try:
+                check()
+            except RuntimeError as error:
+                if requested:
+                    raise
+                unavailable[name] = str(error)
+    if "spice" in unavailable and "spider" in names:
+        unavailable["spider"] = "SPIDEr averages CIDEr-D and SPICE, and SPICE cannot run: " + unavailable["spice"]
+    return unavailable
 
 
 def resolve_metric_names(metrics: Sequence[str] | None) -> list[str]:
@@ -107,9 +142,10 @@ def evaluate_captions(
         references (`Mapping[K, Sequence[str]]`): the raw reference captions of each key; same keys as
             `predictions`, at least one reference each.
         metrics (`Sequence[str]`, *optional*): which metrics to run, among `"bleu"`, `"meteor"`, `"rouge_l"`,
-            `"cider"`, `"spice"`, `"spider"`; `None` runs all of them. METEOR and SPICE need Java (SPICE also the
-            Stanford CoreNLP jars, see `rlcaption download-spice`) and raise a `RuntimeError` saying what is
-            missing; leave them out of `metrics` to evaluate without Java.
+            `"cider"`, `"spice"`, `"spider"`; `None` runs all of them that can run here. METEOR and SPICE need Java
+            (SPICE also the Stanford CoreNLP jars, see `rlcaption download-spice`): by default those that cannot run
+            are skipped, with a warning saying why, and listed in the result's `skipped`; requested by name, they
+            raise a `RuntimeError` saying what is missing.
         tokenizer (`str`, *optional*, defaults to `"fast"`): `"fast"` (pure Python) or `"ptb"` (the toolkit's Java
             PTBTokenizer).
         per_caption (`bool`, *optional*, defaults to `False`): also return every key's scores.
@@ -118,14 +154,15 @@ def evaluate_captions(
             `references`, as the official evaluation does.
 
     Returns:
-        `dict[str, float]` keyed like the COCO toolkit (`Bleu_1`..`Bleu_4`, `METEOR`, `ROUGE_L`, `CIDEr`, `SPICE`,
-        `SPIDEr`; only those of the metrics run). With `per_caption=True`, a tuple `(corpus_scores,
-        per_caption_scores)` where `per_caption_scores[metric_key][key]` is the score of `predictions[key]`.
+        [`CaptionScores`]: a `dict[str, float]` keyed like the COCO toolkit (`Bleu_1`..`Bleu_4`, `METEOR`, `ROUGE_L`,
+        `CIDEr`, `SPICE`, `SPIDEr`; only those of the metrics run), whose `skipped` names the default metrics that
+        could not run. With `per_caption=True`, a tuple `(corpus_scores, per_caption_scores)` where
+        `per_caption_scores[metric_key][key]` is the score of `predictions[key]`.
 
     Raises:
         `ValueError`: when the keys of `predictions` and `references` differ or a key has no references (the
             message names the key), or for an unknown metric or tokenizer name.
-        `RuntimeError`: when METEOR or SPICE is requested but cannot run.
+        `RuntimeError`: when METEOR or SPICE (or SPIDEr) is requested by name but cannot run.
 
     Example:
     ```python
@@ -141,14 +178,16 @@ def evaluate_captions(
     check_caption_corpus(predictions, references, "evaluate_captions")
     if isinstance(document_frequencies, (str, os.PathLike)):
         document_frequencies = DocumentFrequencies.load(document_frequencies)
-    # fail before any work when a Java metric cannot run, rather than after minutes of scoring
-    if "meteor" in names:
-        check_java(8)
-    if "spice" in names:
-        check_spice()
+    # decided before any work, rather than after minutes of scoring: requested metrics that cannot run raise, the
+    # defaults that cannot run are skipped
+    skipped = _unavailable_java_metrics(names, requested=metrics is not None)
+    if skipped:
+        reasons = "\n".join(f"  {name}: {reason}" for name, reason in skipped.items())
+        logger.warning(f"Skipped {', '.join(skipped)}, which cannot run here:\n{reasons}")
+        names = [name for name in names if name not in skipped]
     candidates, tokenized_references = tokenize_captions(predictions, references, tokenizer)
 
-    corpus: dict[str, float] = {}
+    corpus = CaptionScores({}, skipped)
     per_key: dict[str, dict[K, float]] = {}
     if "bleu" in names:
         bleu_corpus, bleu_per_key = compute_bleu(candidates, tokenized_references)

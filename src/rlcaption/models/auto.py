@@ -1,12 +1,20 @@
 """Registrations that let the `transformers` Auto classes resolve rlcaption's models and processor.
 
-Importing this module (done by `import rlcaption`) is enough: afterwards `AutoConfig`, `AutoModel`,
-`AutoModelForImageTextToText` and `AutoProcessor` load folders and hub repos saved by rlcaption. Saved checkpoints
-carry no code: they load wherever rlcaption is installed. To publish one that also loads with `trust_remote_code=True`
-for users without rlcaption, register the classes before saving:
+Importing this module (done by `import rlcaption`, or by importing any of its modules) is enough: afterwards
+`AutoConfig`, `AutoModel`, `AutoModelForImageTextToText` and `AutoProcessor` load folders and hub repos saved by
+rlcaption, and so does the captioning pipeline of transformers 5:
+
+    captioner = pipeline("image-text-to-text", model="checkpoints/show-tell-rl-shapes-xe")
+    captioner(images=image, text="")  # a whole caption; a text such as "a red" is continued
+
+Saved checkpoints carry no code, so transformers alone does not know their classes: without rlcaption imported,
+`AutoConfig` refuses the `show_tell_rl` model type and `AutoProcessor` falls back to the bare tokenizer. To publish a
+checkpoint that also loads with `trust_remote_code=True` for users without rlcaption, register the classes before
+saving; the code saved next to the weights is then standalone:
 
     ShowTellRLConfig.register_for_auto_class("AutoConfig")
-    ShowTellRL.register_for_auto_class("AutoModel")
+    ShowTellRL.register_for_auto_class("AutoModelForImageTextToText")  # the class the pipeline loads
+    CaptionProcessor.register_for_auto_class("AutoProcessor")
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor

@@ -12,6 +12,9 @@ decoders read at every step:
 - [`PrecomputedFeatureEncoder`]: features extracted beforehand (`rlcaption extract-features`) pass through
   unchanged, so training never runs the vision model.
 
+The encoder types (`ENCODER_TYPES`) and the pooling of a vision model's output into one vector per image
+(`pool_image_features`, also what feature extraction stores) are defined here and nowhere else.
+
 This module imports only `torch` and `transformers`: it is copied next to the model code when a checkpoint is saved
 for `trust_remote_code` loading.
 """
@@ -25,13 +28,18 @@ from transformers import initialization as init
 
 __all__ = [
     "ENCODER_TYPES",
+    "IMAGE_ENCODER_TYPES",
     "BackboneImageEncoder",
     "ConvImageEncoder",
     "PrecomputedFeatureEncoder",
     "build_image_encoder",
+    "pool_image_features",
 ]
 
-ENCODER_TYPES = ("cnn", "backbone", "features")
+# The encoders that read pixels; a model that must embed pixels itself (a CLIP) accepts only these.
+IMAGE_ENCODER_TYPES = ("cnn", "backbone")
+# Every `encoder_type` of a captioning config: the image encoders, then precomputed features.
+ENCODER_TYPES = (*IMAGE_ENCODER_TYPES, "features")
 
 
 def _num_groups(num_channels: int, max_groups: int = 8) -> int:
@@ -100,6 +108,37 @@ class ConvImageEncoder(nn.Module):
         return feature_map.flatten(1), feature_map.flatten(2).transpose(1, 2)
 
 
+def pool_image_features(outputs) -> torch.Tensor:
+    """One vector per image from a vision model's output.
+
+    Uses `pooler_output` when the model has one (ViT's [CLS] pooler, CLIP/SigLIP projected embeddings from
+    `get_image_features`, ResNet's global average pool), else averages `last_hidden_state` over tokens
+    (`(batch, tokens, hidden)`) or spatial positions (`(batch, channels, height, width)`).
+
+    Args:
+        outputs (`torch.Tensor` or `transformers.utils.ModelOutput`): the model output.
+
+    Returns:
+        `torch.Tensor` of shape `(batch_size, feature_size)`.
+    """
+    if isinstance(outputs, torch.Tensor):
+        return outputs.flatten(1)
+    pooled = getattr(outputs, "pooler_output", None)
+    if pooled is not None:
+        return pooled.flatten(1)  # ResNet pools to (B, C, 1, 1)
+    hidden = getattr(outputs, "last_hidden_state", None)
+    if hidden is None:
+        raise ValueError(
+            f"Cannot pool image features from a {type(outputs).__name__}: it has neither `pooler_output` nor "
+            "`last_hidden_state`. Use a vision backbone loadable with `AutoModel` (ViT, DINOv2, ResNet, CLIP, ...)."
+        )
+    if hidden.dim() == 3:
+        return hidden.mean(dim=1)  # (B, T, D) -> (B, D)
+    if hidden.dim() == 4:
+        return hidden.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
+    raise ValueError(f"Unexpected last_hidden_state of shape {tuple(hidden.shape)}; expected 3 or 4 dimensions.")
+
+
 def _backbone_output_size(backbone_config) -> int:
     """Width of a backbone's pooled output, read from its config."""
     if getattr(backbone_config, "hidden_sizes", None):
@@ -125,6 +164,9 @@ class BackboneImageEncoder(nn.Module):
         config_kwargs = dict(backbone_config)
         model_type = config_kwargs.pop("model_type")
         self.backbone = AutoModel.from_config(AutoConfig.for_model(model_type, **config_kwargs))
+        # The backbone's own blocks (its layers) must each stay on one device; the captioning model's `post_init`
+        # collects the `_no_split_modules` of its children, and this wrapper is the child that holds the backbone.
+        self._no_split_modules = set(self.backbone._no_split_modules or ())
         self.output_size = _backbone_output_size(self.backbone.config)
         self.grid_feature_size = self.output_size
         self.num_grid_positions = None  # the backbone's own position embeddings locate its tokens
@@ -156,10 +198,7 @@ class BackboneImageEncoder(nn.Module):
         hidden = outputs.last_hidden_state
         # (B, N, D) token sequences or (B, D, H, W) feature maps
         grid = hidden if hidden.dim() == 3 else hidden.flatten(2).transpose(1, 2)
-        pooled = getattr(outputs, "pooler_output", None)
-        if pooled is None:
-            pooled = grid.mean(dim=1)
-        return pooled.flatten(1), grid  # ResNet-style pooler outputs are (B, D, 1, 1)
+        return pool_image_features(outputs), grid
 
 
 class PrecomputedFeatureEncoder(nn.Module):

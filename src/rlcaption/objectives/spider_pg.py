@@ -31,7 +31,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..decoding import caption_token_mask, evaluation_mode, image_inputs_of, repeat_image_inputs
+from ..decoding import (
+    caption_token_mask,
+    evaluation_mode,
+    image_inputs_of,
+    repeat_image_inputs,
+    selective_log_softmax,
+)
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .scst import policy_gradient_loss
 
@@ -409,8 +415,7 @@ class SpiderPGObjective(CaptionObjective):
                 **image_inputs, input_ids=sequences, image_index=sample_index, use_cache=False,
                 output_hidden_states=True,
             )  # fmt: skip
-        log_probs = torch.log_softmax(outputs.logits[:, :-1].float(), dim=-1)  # (N, T, V)
-        token_log_probs = log_probs.gather(-1, sequences[:, 1:, None]).squeeze(-1)  # (N, T)
+        token_log_probs = selective_log_softmax(outputs.logits[:, :-1], sequences[:, 1:])  # (N, T)
         baseline = trainer.auxiliary_network("baseline")
         baseline_values = baseline(outputs.hidden_states[:, :-1]).float()  # (N, T): B_phi(s_t), s_t = <bos> g_{1:t-1}
         policy_loss, baseline_loss = spider_pg_losses(

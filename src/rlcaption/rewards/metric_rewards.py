@@ -8,7 +8,7 @@ that is only punctuation) scores 0.0.
   counted by `prepare` from the training set's `captions`) and reference vectors cached per image (`image_id` when
   the batch has it), scored in vectorized NumPy.
 - `bleu`: per-image BLEU-n (default n = 4) with the COCO code's per-image smoothing.
-- `rouge`: per-image ROUGE-L.
+- `rouge_l`: per-image ROUGE-L.
 - `meteor`, `spice`: METEOR 1.5 and SPICE through Java (`rlcaption[java]`).
 - `spider`: (CIDEr-D + SPICE) / 2 (Liu et al. 2017); it raises SPICE's error when SPICE cannot run, never substitutes.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics.cider import CiderD, DocumentFrequencies, compute_cider_d
+from ..metrics.cider import CiderD, DocumentFrequencies, compute_cider_d_rows
 from ..metrics.tokenization import normalize_caption
 from .base import check_reward_inputs, row_keys
 from .registry import register_reward
@@ -32,17 +32,19 @@ __all__ = ["MetricReward", "CiderReward", "BleuReward", "RougeReward", "MeteorRe
 class MetricReward:
     """Base of the metric rewards: validates a call, tokenizes completions, gives empty completions 0.0.
 
-    Subclasses set `__name__` (the logging name) and implement `_score`, which sees only the non-empty completions.
+    Subclasses set `__name__` (the logging name) and implement `_score`, which sees only the non-empty completions,
+    unless `_scores_empty_completions` is set: then it sees every row and gives the empty completions 0.0 itself.
     """
 
     __name__ = "metric"
+    _scores_empty_completions = False
 
     def __call__(self, *, completions: list[Any], references: list[list[str]] | None = None, **columns) -> list[float]:
         image_ids = row_keys(columns.get("image_id"), len(completions))
         texts, reference_lists = check_reward_inputs(completions, references, image_ids)
         candidates = [normalize_caption(text) for text in texts]
         rewards = np.zeros(len(candidates))
-        rows = [row for row, candidate in enumerate(candidates) if candidate]
+        rows = [row for row, candidate in enumerate(candidates) if candidate or self._scores_empty_completions]
         if rows:
             rewards[rows] = self._score(
                 [candidates[row] for row in rows],
@@ -62,16 +64,21 @@ class MetricReward:
         candidates: list[str], references: list[Sequence[str]]
     ) -> tuple[dict[int, str], dict[int, list[str]]]:
         """Candidates and tokenized references keyed by position, the input form of `rlcaption.metrics`."""
-        predictions = dict(enumerate(candidates))
-        tokenized = {}
-        for row, image_references in enumerate(references):
-            if not all(isinstance(reference, str) for reference in image_references):
-                raise ValueError(f"References of row {row} must all be strings, got {image_references!r}.")
-            tokenized[row] = [normalize_caption(reference) for reference in image_references]
-        return predictions, tokenized
+        _check_reference_strings(references)
+        tokenized = {
+            row: [normalize_caption(reference) for reference in image_references]
+            for row, image_references in enumerate(references)
+        }
+        return dict(enumerate(candidates)), tokenized
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.__name__!r})"
+
+
+def _check_reference_strings(references: Sequence[Sequence[str]]) -> None:
+    for row, image_references in enumerate(references):
+        if not all(isinstance(reference, str) for reference in image_references):
+            raise ValueError(f"References of row {row} must all be strings, got {image_references!r}.")
 
 
 def _document_frequencies(
@@ -114,11 +121,16 @@ class CiderReward(MetricReward):
             `prepare(train_dataset, processor)` count them from the training set's `captions` column, as
             `RLCaptionTrainer` does before training. Until then (e.g. in `trl.GRPOTrainer`, which never calls
             `prepare`), each call takes them from its own references, which equals running the COCO code's `Cider`
-            on that batch: every completion is one document, so an image with `k` completions counts `k` times
-            (slower: no cache, and the weights change from batch to batch).
+            on that batch: every completion is one document (an empty one too), so an image with `k` completions
+            counts `k` times (no cache across calls, and the weights change from batch to batch; within a call the
+            references of an image are tokenized and counted once).
         sigma (`float`, defaults to 6.0): standard deviation of the Gaussian length penalty.
         max_cached_images (`int`, *optional*): bound on the number of images whose reference vectors are cached.
     """
+
+    # with document frequencies from the call, every row is a document, an empty completion's too (as in the COCO
+    # code); the scorer gives an empty completion 0.0
+    _scores_empty_completions = True
 
     def __init__(
         self,
@@ -167,10 +179,34 @@ class CiderReward(MetricReward):
         self, candidates: list[str], references: list[Sequence[str]], image_ids: list[Hashable] | None
     ) -> np.ndarray:
         if self.scorer is None:
-            predictions, tokenized = self._tokenized_corpus(candidates, references)
-            _, per_row = compute_cider_d(predictions, tokenized, sigma=self.sigma)
-            return np.array([per_row[row] for row in range(len(candidates))])
+            return self._score_with_call_document_frequencies(candidates, references)
         return self.scorer.score(candidates, references, keys=image_ids, normalize_candidates=False)
+
+    def _score_with_call_document_frequencies(
+        self, candidates: list[str], references: list[Sequence[str]]
+    ) -> np.ndarray:
+        """`Cider` of the COCO code on these rows: each distinct reference list (an image's, repeated for each of its
+        completions) is tokenized and counted once and stands for the rows sharing it."""
+        list_of_references: dict[tuple[str, ...], int] = {}
+        try:
+            list_of_row = [list_of_references.setdefault(tuple(refs), len(list_of_references)) for refs in references]
+        except TypeError:  # an unhashable reference, so not a string
+            _check_reference_strings(references)
+            raise
+        if not all(isinstance(reference, str) for refs in list_of_references for reference in refs):
+            _check_reference_strings(references)
+        reference_lists = [[normalize_caption(reference) for reference in refs] for refs in list_of_references]
+        scored = [row for row, candidate in enumerate(candidates) if candidate]
+        rewards = np.zeros(len(candidates))
+        if scored:
+            rewards[scored] = compute_cider_d_rows(
+                [candidates[row] for row in scored],
+                reference_lists,
+                [list_of_row[row] for row in scored],
+                documents_per_list=np.bincount(list_of_row, minlength=len(reference_lists)),
+                sigma=self.sigma,
+            )
+        return rewards
 
 
 @register_reward("bleu")
@@ -196,7 +232,7 @@ class BleuReward(MetricReward):
         return np.array([per_row[row][self.n - 1] for row in range(len(candidates))])
 
 
-@register_reward("rouge")
+@register_reward("rouge_l")
 class RougeReward(MetricReward):
     """Per-image ROUGE-L (F-measure with beta = 1.2, as the COCO code) of each completion."""
 

@@ -6,10 +6,38 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-__all__ = ["RLCaptionConfig"]
+from ..metrics.evaluation import AVAILABLE_METRICS, resolve_metric_names
+
+__all__ = ["DIVERSITY_METRICS", "RLCaptionConfig", "split_eval_metrics"]
 
 BASELINES = ("greedy", "mean_of_others", "none")
 LOSS_NORMALIZATIONS = ("token", "sequence")
+# `eval_metrics` names of the diversity metrics (`rlcaption.evaluation.diversity_scores`).
+DIVERSITY_METRICS = ("div_1", "div_2", "mbleu_4", "self_bleu", "distinct_captions")
+# The diversity metrics that compare the `eval_num_beams` best beams of each image with each other.
+SET_DIVERSITY_METRICS = ("div_1", "div_2", "mbleu_4")
+
+
+def split_eval_metrics(names: list[str]) -> tuple[list[str], list[str]]:
+    """
+    `eval_metrics` as `(caption_metrics, diversity_metrics)`: the names for
+    [`rlcaption.metrics.evaluate_captions`] (any case, its aliases accepted) and the [`DIVERSITY_METRICS`] names.
+
+    Raises:
+        `ValueError`: for a name that is neither, listing the valid names.
+    """
+    caption_metrics, diversity_metrics = [], []
+    for name in names:
+        if name.lower() in DIVERSITY_METRICS:
+            diversity_metrics.append(name.lower())
+            continue
+        try:
+            resolve_metric_names([name])
+        except ValueError:
+            valid = [*AVAILABLE_METRICS, *DIVERSITY_METRICS]
+            raise ValueError(f"eval_metrics={names!r}: unknown metric {name!r}; valid names: {valid}.") from None
+        caption_metrics.append(name)
+    return caption_metrics, diversity_metrics
 
 
 @dataclass
@@ -50,7 +78,12 @@ class RLCaptionConfig(TrainingArguments):
     # > Sampling
     num_samples_per_image: int = field(
         default=5,
-        metadata={"help": "Captions sampled per image by RL objectives (k in SCST)."},
+        metadata={
+            "help": "Captions sampled per image and step by `scst` (k; 5 as in self-critical.pytorch). `spider_pg` "
+            "has its own count, `num_paths_per_image`: each of its samples also costs `num_rollouts` rollouts per "
+            "token and the paper samples 1, so one setting for both would change one method's cost and recipe "
+            "whenever a configuration is switched to the other objective."
+        },
     )
     baseline: str = field(
         default="greedy",
@@ -70,7 +103,13 @@ class RLCaptionConfig(TrainingArguments):
     )
     max_caption_length: int = field(
         default=20,
-        metadata={"help": "Maximum number of generated tokens per caption (sampling and evaluation)."},
+        metadata={
+            "help": "Most tokens of a caption after its start token, the end token included: the `max_new_tokens` of "
+            "sampling, greedy and beam-search decoding. References are cut to as many tokens (`max_caption_length "
+            "- 1` words and the end token) for teacher forcing, so that XE never trains a caption longer than "
+            "decoding can produce. A model config that counts the start token too (`ShowTellRLConfig."
+            "max_caption_length`, the `max_length` of `generate`) matches with this value + 1."
+        },
     )
     loss_normalization: str = field(
         default="token",
@@ -89,9 +128,35 @@ class RLCaptionConfig(TrainingArguments):
     eval_metrics: list[str] = field(
         default_factory=lambda: ["cider", "bleu"],
         metadata={
-            "help": "Caption metrics computed on the evaluation split (`bleu`, `meteor`, `rouge_l`, `cider`, `spice`, "
-            "`spider`); logged under the COCO toolkit's keys (`eval_CIDEr`, `eval_Bleu_4`, ...)."
+            "help": "Metrics of the evaluation captions, logged beside `eval_loss` (the teacher-forced cross-entropy "
+            "of the references): caption metrics (`bleu`, `meteor`, `rouge_l`, `cider`, `spice`, `spider`; METEOR "
+            "and SPICE need Java), logged under the COCO toolkit's keys (`eval_CIDEr`, `eval_Bleu_4`, ...), and "
+            "diversity metrics: `div_1`, `div_2` and `mbleu_4` of each image's `eval_num_beams` best beams (needs "
+            "`eval_num_beams >= 2`), `self_bleu` and `distinct_captions` of the best captions of the split, logged as "
+            "`eval_Div-1`, `eval_Div-2`, `eval_mBLEU-4`, `eval_Self-BLEU`, `eval_distinct_captions`. Lower mBLEU-4 "
+            "and Self-BLEU are more diverse: set `greater_is_better=False` to select the best model by them."
         },
+    )
+    eval_clip: str | None = field(
+        default=None,
+        metadata={
+            "help": "CLIP (local folder or Hub id, loaded when the trainer is built) that scores the evaluation "
+            "captions against their images: `eval_CLIP-S` and the retrieval recalls `eval_t2i_R@1`, `eval_i2t_R@1`, "
+            "... (`rlcaption.metrics.clip`). The evaluation split needs its `image` column. Use a CLIP the rewards "
+            "do not use, or RL will have learned to please the judge."
+        },
+    )
+
+    # > Logging
+    log_completions: bool = field(
+        default=True,
+        metadata={
+            "help": "At every training log, print a few of the captions RL objectives sampled, with their rewards, "
+            "and log them as a table to Weights & Biases when it is in `report_to`."
+        },
+    )
+    num_completions_to_print: int = field(
+        default=3, metadata={"help": "Sampled captions shown at each log with `log_completions`."}
     )
 
     # > spider_pg (seed 000: SPIDEr policy gradient with Monte-Carlo rollouts and a learned baseline); validated by
@@ -99,8 +164,8 @@ class RLCaptionConfig(TrainingArguments):
     num_paths_per_image: int = field(
         default=1,
         metadata={
-            "help": "Captions sampled per image by `spider_pg` (M in Liu et al. 2017, who use 1); `scst` uses "
-            "`num_samples_per_image`."
+            "help": "Captions sampled per image and step by `spider_pg` (M in Liu et al. 2017, who use 1), each "
+            "continued by `num_rollouts` rollouts from every prefix; `scst` samples `num_samples_per_image`."
         },
     )
     num_rollouts: int = field(
@@ -157,6 +222,14 @@ class RLCaptionConfig(TrainingArguments):
     )
 
     def __post_init__(self):
+        # before the parent, which would import deepspeed or set FSDP up first
+        for name, value in (("fsdp", self.fsdp), ("deepspeed", self.deepspeed)):
+            if value:
+                raise ValueError(
+                    f"{name}={value!r} is not supported by RLCaptionTrainer: objectives decode with the whole model "
+                    "and train auxiliary networks in the same optimizer, both only on replicated weights. Use DDP "
+                    "(`accelerate launch --multi_gpu`); the library's captioners fit on one device."
+                )
         super().__post_init__()
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline={self.baseline!r} is not one of {BASELINES}.")
@@ -182,3 +255,18 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(f"top_p must be in (0, 1] (1.0 disables it), got {self.top_p}.")
         if self.max_caption_length < 1:
             raise ValueError(f"max_caption_length must be >= 1, got {self.max_caption_length}.")
+        if self.eval_num_beams < 1:
+            raise ValueError(f"eval_num_beams must be >= 1, got {self.eval_num_beams}.")
+        if isinstance(self.eval_metrics, str):
+            self.eval_metrics = [self.eval_metrics]
+        _, diversity_metrics = split_eval_metrics(self.eval_metrics)
+        for name in diversity_metrics:
+            if name in SET_DIVERSITY_METRICS and self.eval_num_beams < 2:
+                raise ValueError(
+                    f"eval_metrics names {name!r}, which compares the beams of each image: it needs eval_num_beams "
+                    f">= 2, got eval_num_beams={self.eval_num_beams}."
+                )
+        if self.eval_clip is not None and not self.eval_clip:
+            raise ValueError("eval_clip='' names no CLIP: give a folder or Hub id, or None for no CLIP metrics.")
+        if self.num_completions_to_print < 1:
+            raise ValueError(f"num_completions_to_print must be >= 1, got {self.num_completions_to_print}.")

@@ -21,13 +21,18 @@ from .. import objectives as _objectives  # noqa: F401  (registers the built-in 
 from ..captioners import captioner_for
 from ..data.collator import CaptionCollator
 from ..decoding import GeneratedCaptions, generate_captions
-from ..evaluation import caption_batches, scene_grounding_scores, with_image_ids
-from ..metrics import evaluate_captions
 from ..objectives.base import AuxiliaryNetwork, get_objective_class
 from ..rewards import RewardMix, get_reward, is_group_reward, reward_parameters
+from .caption_evaluation import CaptionEvaluationMixin
 from .rl_config import RLCaptionConfig
 
-__all__ = ["AUXILIARY_NETWORKS_NAME", "RLCaptionTrainer", "forward_through", "last_complete_checkpoint"]
+__all__ = [
+    "AUXILIARY_NETWORKS_NAME",
+    "RLCaptionTrainer",
+    "check_data_parallel",
+    "forward_through",
+    "last_complete_checkpoint",
+]
 
 logger = logging.get_logger(__name__)
 
@@ -37,6 +42,13 @@ _CHECKPOINT_COMPLETE_MARKER = "trainer_state.json"
 AUXILIARY_NETWORKS_NAME = "auxiliary_networks.safetensors"
 
 RewardLike = str | Callable[..., list[float]]
+# Trainer arguments that RLCaptionTrainer would ignore: the objective computes the loss, and evaluation scores decoded
+# captions with `eval_metrics`, never logits.
+_UNUSED_TRAINER_ARGUMENTS = {
+    "compute_loss_func": "the objective named by `args.objective` computes the loss",
+    "compute_metrics": "evaluation scores the decoded captions with `args.eval_metrics`",
+    "preprocess_logits_for_metrics": "evaluation scores the decoded captions with `args.eval_metrics`",
+}
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:
@@ -89,6 +101,23 @@ def forward_through(wrapped: nn.Module, method: str, *args: Any, **kwargs: Any) 
         restore_forward()
 
 
+def check_data_parallel(accelerator_state: Any) -> None:
+    """
+    Refuses DeepSpeed and FSDP however they were set up, `accelerate launch --use_deepspeed` or `--use_fsdp` included
+    (`RLCaptionConfig` refuses its own `deepspeed` and `fsdp` fields): objectives call `generate()` and the recurrent
+    decoding methods of the whole model, and train auxiliary networks in the one optimizer next to it, which needs
+    every process to hold all the weights, as DDP does.
+    """
+    for plugin, name in (("deepspeed_plugin", "DeepSpeed"), ("fsdp_plugin", "FSDP")):
+        if getattr(accelerator_state, plugin, None) is not None:
+            raise ValueError(
+                f"{name} is not supported by RLCaptionTrainer: objectives decode with the whole model and train "
+                "auxiliary networks in the same optimizer, both only on replicated weights. Use DDP (`accelerate "
+                "launch --multi_gpu`, without a DeepSpeed or FSDP accelerate config); the library's captioners fit "
+                "on one device."
+            )
+
+
 class _ResetAuxiliaryGradients(TrainerCallback):
     """Zeroes the auxiliary networks' gradients after every optimizer step, as the Trainer zeroes the model's: without
     it they would add up over the whole run."""
@@ -101,34 +130,39 @@ class _ResetAuxiliaryGradients(TrainerCallback):
             network.module.zero_grad(set_to_none=True)
 
 
-class RLCaptionTrainer(Trainer):
+class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
     """
     Trains a captioning model with the objective named by `args.objective` (`xe`, `scst`, ...).
 
     The objective computes the loss of a batch; this class provides what objectives share: sampling and greedy
-    decoding, reward computation with per-reward logging, metric recording, generation-based evaluation, and the
-    resumable-checkpoint logic. Backward, gradient accumulation, mixed precision and DDP stay the Trainer's.
+    decoding, reward computation with per-reward logging, metric recording (averaged over processes), logging of
+    sampled captions, generation-based evaluation and prediction, and the resumable-checkpoint logic. Backward,
+    gradient accumulation, mixed precision and DDP stay the Trainer's.
+
+    The arguments come in the order of `transformers.Trainer`'s; `reward_funcs` and the Trainer's later arguments
+    (`callbacks`, `optimizers`, ...) are keyword-only.
 
     Args:
         model: a captioning model with `generate()` (ours, or a transformers encoder-decoder captioner).
         args ([`RLCaptionConfig`]): the training configuration.
+        data_collator: defaults to [`CaptionCollator`].
+        train_dataset / eval_dataset: datasets with `image` (or `pixel_values`/`image_features`), `captions`,
+            `image_id` columns.
         processing_class: the processor (tokenizer + image processor) used to tokenize references and decode.
         reward_funcs: reward names and/or callables `f(completions=..., references=..., **columns) -> list[float]`;
             `args.reward_funcs` when `None`.
-        train_dataset / eval_dataset: datasets with `image` (or `pixel_values`/`image_features`), `captions`,
-            `image_id` columns.
-        data_collator: defaults to [`CaptionCollator`].
     """
 
     def __init__(
         self,
         model: nn.Module,
         args: RLCaptionConfig,
-        processing_class: Any,
+        data_collator: Callable | None = None,
         train_dataset=None,
         eval_dataset=None,
+        processing_class: Any = None,
+        *,
         reward_funcs: RewardLike | Sequence[RewardLike] | None = None,
-        data_collator: Callable | None = None,
         **kwargs: Any,
     ):
         if not isinstance(args, RLCaptionConfig):
@@ -137,6 +171,9 @@ class RLCaptionTrainer(Trainer):
             raise ValueError(
                 "RLCaptionTrainer needs the processor (processing_class) to tokenize and decode captions."
             )
+        for name, reason in _UNUSED_TRAINER_ARGUMENTS.items():
+            if kwargs.get(name) is not None:
+                raise ValueError(f"RLCaptionTrainer does not take {name}: {reason}.")
         objective_class = get_objective_class(args.objective)  # fails early on an unknown name
         # The model's start and end tokens, not the tokenizer's (a BERT tokenizer has neither; BLIP starts with its
         # own bos); refuses a model it cannot caption with, naming what is missing.
@@ -145,7 +182,8 @@ class RLCaptionTrainer(Trainer):
             data_collator = CaptionCollator(
                 processing_class,
                 captions_per_image=args.xe_captions_per_image,
-                max_caption_length=args.max_caption_length + 2,  # + start and end tokens
+                # the start token, then at most as many tokens as decoding generates (the end token included)
+                max_caption_length=args.max_caption_length + 1,
                 caption_tokens=caption_tokens,
             )
         super().__init__(
@@ -157,9 +195,13 @@ class RLCaptionTrainer(Trainer):
             processing_class=processing_class,
             **kwargs,
         )
+        check_data_parallel(self.accelerator.state)
+        self._prepare_evaluation(eval_dataset)
         # Objectives return a per-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
         self._recorded_metrics: dict[str, list[float]] = defaultdict(list)
+        # a few captions of the latest sampling, with their rewards, for the next training log
+        self._completions_to_log: list[dict[str, Any]] = []
         self.eos_token_id = caption_tokens.end_token_id
         self.reward_mix = None
         if objective_class.uses_rewards:
@@ -271,6 +313,9 @@ class RLCaptionTrainer(Trainer):
                 image tensors) reach the reward functions as keyword arguments.
             row_index: for each caption, the row of its image in the batch.
 
+        Captions scored under the default `log_prefix`, the samples, are shown at the next training log with
+        `args.log_completions`.
+
         Returns:
             `np.ndarray` of shape `(N,)`, the weighted total of each caption, in the order of `completions`.
         """
@@ -292,9 +337,27 @@ class RLCaptionTrainer(Trainer):
             self.record_metric(f"{log_prefix}/{name}/mean", float(np.mean(values)))
             self.record_metric(f"{log_prefix}/{name}/std", float(np.std(values)))
         self.record_metric(log_prefix, float(np.mean(totals)))
+        if log_prefix == "reward" and self.args.log_completions:
+            self._keep_completions(groups, rows, completions, inputs, totals, components)
         rewards = np.empty(len(completions), dtype=np.float64)
         rewards[[caption for group in groups for caption in group]] = totals  # back from group order
         return rewards
+
+    def _keep_completions(self, groups, rows, completions, inputs, totals, components) -> None:
+        """Keeps the first `args.num_completions_to_print` scored captions for the next training log; only those
+        few are copied, so the cost does not grow with the batch."""
+        image_ids = inputs.get("image_id")
+        # `totals` and `components` are in group order
+        captions = [(caption, row) for group, row in zip(groups, rows, strict=True) for caption in group]
+        self._completions_to_log = [
+            {
+                "image_id": row if image_ids is None else image_ids[row],
+                "reward": float(totals[position]),
+                **{name: float(values[position]) for name, values in components.items()},
+                "caption": completions[caption],
+            }
+            for position, (caption, row) in enumerate(captions[: self.args.num_completions_to_print])
+        ]
 
     @staticmethod
     def _image_columns(inputs: Mapping[str, Any], rows: Sequence[int]) -> dict[str, Any]:
@@ -385,60 +448,52 @@ class RLCaptionTrainer(Trainer):
         return (loss, None) if return_outputs else loss
 
     def record_metric(self, name: str, value: float) -> None:
-        """Adds a scalar to be averaged into the next training log."""
+        """Adds a scalar to be averaged into the next training log, over its values on every process."""
         self._recorded_metrics[name].append(value)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        # Training logs carry the averages of what objectives recorded since the previous log.
-        if "loss" in logs and self._recorded_metrics:
-            logs = {**logs, **{name: float(np.mean(values)) for name, values in self._recorded_metrics.items()}}
-            self._recorded_metrics.clear()
+        # Training logs (the only ones with "loss") carry the means of what objectives recorded since the previous
+        # one. Every process logs at the same step, so all of them take part in the gathering there; evaluation logs
+        # do not gather.
+        if "loss" in logs:
+            logs = {**logs, **self._gathered_recorded_metrics()}
+            if self._completions_to_log and self.is_world_process_zero():
+                self._log_completions()
+            self._completions_to_log = []
         super().log(logs, start_time)
 
-    # ------------------------------------------------------------------ evaluation
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """
-        Captions the evaluation split with beam search (`args.eval_num_beams`) and scores them with
-        `args.eval_metrics`, and with the scene grounding metrics (`object_f1`, ...) when the split has a `scene`
-        column; logs and returns `{f"{metric_key_prefix}_{metric}": value}`.
-        """
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if isinstance(dataset, dict):
-            metrics = {}
-            for name, split in dataset.items():
-                metrics.update(self.evaluate(split, ignore_keys, f"{metric_key_prefix}_{name}"))
-            return metrics
-        if dataset is None:
-            raise ValueError("evaluate() needs an eval_dataset (given to the trainer or to this call).")
-        predictions, references = self.caption_dataset(dataset)
-        scores = evaluate_captions(predictions, references, metrics=self.args.eval_metrics)
-        scores.update(scene_grounding_scores(predictions, dataset))
-        metrics = {f"{metric_key_prefix}_{name}": float(value) for name, value in scores.items()}
-        metrics[f"{metric_key_prefix}_num_images"] = float(len(predictions))
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
+    def _gathered_recorded_metrics(self) -> dict[str, float]:
+        """The mean of every recorded metric over all its values on all processes; collective: every process calls
+        it at the same log. A metric some processes did not record is averaged over the values of the others."""
+        local = {name: (float(np.sum(values)), len(values)) for name, values in self._recorded_metrics.items()}
+        self._recorded_metrics.clear()
+        parts = gather_object([local]) if self.accelerator.num_processes > 1 else [local]
+        totals: dict[str, list[float]] = {}
+        for part in parts:
+            for name, (value_sum, count) in part.items():
+                total = totals.setdefault(name, [0.0, 0])
+                total[0] += value_sum
+                total[1] += count
+        return {name: value_sum / count for name, (value_sum, count) in totals.items()}
 
-    def caption_dataset(self, dataset) -> tuple[dict[Any, str], dict[Any, list[str]]]:
-        """
-        Beam-search captions (`args.eval_num_beams` beams, at most `args.max_caption_length` tokens; the model's own
-        generation settings are ignored, as in [`sample_captions`]) for every image of `dataset`, sharded over
-        processes, then gathered.
+    def _log_completions(self) -> None:
+        """Prints the kept sampled captions with their rewards as a table, and logs it to Weights & Biases when it
+        is an integration of this run."""
+        columns = list(self._completions_to_log[0])
+        rows = [[completion[column] for column in columns] for completion in self._completions_to_log]
+        step = self.state.global_step
+        lines = [f"Sampled captions at step {step}:", "| " + " | ".join(columns) + " |"]
+        for row in rows:
+            cells = [f"{cell:.3f}" if isinstance(cell, float) else str(cell) for cell in row]
+            lines.append("| " + " | ".join(cells) + " |")
+        # printed, as the Trainer prints its logs without a progress bar: a library logger is silent by default
+        print("\n".join(lines))
+        if "wandb" in (self.args.report_to or []):
+            import wandb  # imported by the Trainer's integration already when it reports there
 
-        Returns:
-            `(predictions, references)` keyed by `image_id`, or by row index for a dataset without that column, as
-            [`rlcaption.metrics.evaluate_captions`] takes them.
-        """
-        batches = (self._prepare_inputs(batch) for batch in self.get_eval_dataloader(with_image_ids(dataset)))
-        beam_search = GenerationConfig(
-            do_sample=False, num_beams=self.args.eval_num_beams, max_new_tokens=self.args.max_caption_length
-        )
-        predictions = caption_batches(self._generation_model(), self.processing_class, batches, beam_search)
-        gathered = gather_object(predictions) if self.accelerator.num_processes > 1 else predictions
-        # Uneven splits are padded with repeated rows across processes: keep one caption per image id.
-        captions = {image_id: text for image_id, text, _ in gathered}
-        references = {image_id: refs for image_id, _, refs in gathered}
-        return captions, references
+            if wandb.run is not None:
+                table = wandb.Table(columns=["step", *columns], data=[[step, *row] for row in rows])
+                wandb.log({"completions": table})
 
     # ------------------------------------------------------------------ checkpoints
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-__all__ = ["ShapesCLIPConfig"]
+from rlcaption.models.encoders import IMAGE_ENCODER_TYPES
 
-_IMAGE_ENCODER_TYPES = ("cnn", "backbone")
+__all__ = ["ShapesCLIPConfig"]
 
 
 class ShapesCLIPConfig(PretrainedConfig):
@@ -122,10 +122,10 @@ class ShapesCLIPConfig(PretrainedConfig):
                     f"ShapesCLIPConfig.{name}={token_id!r} is not a token id of a vocabulary of size "
                     f"{self.vocab_size}; take the ids from the processor's tokenizer."
                 )
-        if self.encoder_type not in _IMAGE_ENCODER_TYPES:
+        if self.encoder_type not in IMAGE_ENCODER_TYPES:
             raise ValueError(
                 f"ShapesCLIPConfig.encoder_type={self.encoder_type!r} is not supported; expected one of "
-                f"{_IMAGE_ENCODER_TYPES} (a CLIP embeds pixels, so precomputed features are not an option)."
+                f"{IMAGE_ENCODER_TYPES} (a CLIP embeds pixels, so precomputed features are not an option)."
             )
         if self.encoder_type == "cnn":
             if not self.cnn_channels or any(not isinstance(c, int) or c < 1 for c in self.cnn_channels):

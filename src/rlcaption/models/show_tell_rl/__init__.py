@@ -1,6 +1,14 @@
 """ShowTellRL: the Show-and-Tell LSTM captioner of seed 000."""
 
 from .configuration_show_tell_rl import ShowTellRLConfig
-from .modeling_show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLPreTrainedModel, ShowTellRLState
+from .modeling_show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLPreTrainedModel
+from .state_show_tell_rl import ShowTellRLPrefixStates, ShowTellRLState
 
-__all__ = ["ShowTellRL", "ShowTellRLConfig", "ShowTellRLOutput", "ShowTellRLPreTrainedModel", "ShowTellRLState"]
+__all__ = [
+    "ShowTellRL",
+    "ShowTellRLConfig",
+    "ShowTellRLOutput",
+    "ShowTellRLPreTrainedModel",
+    "ShowTellRLPrefixStates",
+    "ShowTellRLState",
+]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from transformers import AutoConfig, PretrainedConfig
 
-__all__ = ["ShowTellRLConfig"]
+from rlcaption.models.encoders import ENCODER_TYPES
 
-_ENCODER_TYPES = ("cnn", "backbone", "features")
+__all__ = ["ShowTellRLConfig"]
 
 
 class ShowTellRLConfig(PretrainedConfig):
@@ -150,10 +150,10 @@ class ShowTellRLConfig(PretrainedConfig):
                 )
         if len(set(special.values())) != 3:
             raise ValueError(f"The pad, bos and eos token ids must differ, got {special}.")
-        if self.encoder_type not in _ENCODER_TYPES:
+        if self.encoder_type not in ENCODER_TYPES:
             raise ValueError(
                 f"ShowTellRLConfig.encoder_type={self.encoder_type!r} is not supported; expected one of "
-                f"{_ENCODER_TYPES}."
+                f"{ENCODER_TYPES}."
             )
         if self.encoder_type == "cnn":
             if not self.cnn_channels or any(not isinstance(c, int) or c < 1 for c in self.cnn_channels):

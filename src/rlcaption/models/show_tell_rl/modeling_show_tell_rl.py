@@ -26,102 +26,9 @@ from transformers.utils import ModelOutput
 from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder
 
 from .configuration_show_tell_rl import ShowTellRLConfig
+from .state_show_tell_rl import ShowTellRLPrefixStates, ShowTellRLState
 
-__all__ = ["ShowTellRL", "ShowTellRLOutput", "ShowTellRLPreTrainedModel", "ShowTellRLPrefixStates", "ShowTellRLState"]
-
-
-class ShowTellRLState:
-    """Recurrent state of a batch of partial captions: what `generate` keeps between steps as `past_key_values`.
-
-    Args:
-        hidden (`torch.FloatTensor` of shape `(num_layers, batch_size, hidden_size)`): LSTM hidden state.
-        cell (`torch.FloatTensor` of shape `(num_layers, batch_size, hidden_size)`): LSTM cell state.
-        seq_length (`int`): number of word tokens read so far (the image step is not counted).
-        image_grid (`torch.FloatTensor` of shape `(batch_size, num_positions, hidden_size)`, *optional*): the
-            projected feature grid each caption attends over (`config.image_attention`), one copy per caption row.
-        attention_output (`torch.FloatTensor` of shape `(batch_size, hidden_size)`, *optional*): the last step's
-            attentional output, fed back into the LSTM with the next word (`config.image_attention`).
-    """
-
-    # `generate` asks these of any cache; a recurrent state has a fixed size and nothing to compile or crop
-    is_compileable = False
-    is_croppable = False
-
-    def __init__(
-        self,
-        hidden: torch.FloatTensor,
-        cell: torch.FloatTensor,
-        seq_length: int = 0,
-        image_grid: torch.FloatTensor | None = None,
-        attention_output: torch.FloatTensor | None = None,
-    ):
-        self.hidden = hidden
-        self.cell = cell
-        self.seq_length = seq_length
-        self.image_grid = image_grid
-        self.attention_output = attention_output
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of word tokens read so far."""
-        return self.seq_length
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Select, in place, the states of the beams that survive a beam-search step: `beam_idx` `(batch_size,)`."""
-        beam_idx = beam_idx.to(self.hidden.device)
-        self.hidden = self.hidden.index_select(1, beam_idx)
-        self.cell = self.cell.index_select(1, beam_idx)
-        if self.image_grid is not None:
-            self.image_grid = self.image_grid.index_select(0, beam_idx)
-            self.attention_output = self.attention_output.index_select(0, beam_idx)
-
-    def select(self, rows: torch.Tensor) -> ShowTellRLState:
-        """A new state holding the captions `rows` (a boolean mask or indices over the batch), in that order."""
-        if self.image_grid is None:
-            return ShowTellRLState(self.hidden[:, rows], self.cell[:, rows], self.seq_length)
-        return ShowTellRLState(
-            self.hidden[:, rows],
-            self.cell[:, rows],
-            self.seq_length,
-            self.image_grid[rows],
-            self.attention_output[rows],
-        )
-
-    def repeat_interleave(self, repeats: int) -> ShowTellRLState:
-        """A new state with every caption's state repeated `repeats` times (e.g. K rollouts from each prefix)."""
-        index = torch.arange(self.hidden.shape[1], device=self.hidden.device).repeat_interleave(repeats)
-        return self.select(index)
-
-
-@dataclass
-class ShowTellRLPrefixStates:
-    """The recurrent state after every prefix of a batch of captions (see [`ShowTellRL.prefix_states`]).
-
-    Args:
-        hidden (`torch.FloatTensor` of shape `(num_layers, batch_size, T, hidden_size)`): index `[:, :, t]` is the
-            hidden state after reading the first `t + 1` tokens.
-        cell (`torch.FloatTensor` of shape `(num_layers, batch_size, T, hidden_size)`): the cell states, alike.
-        image_grid (`torch.FloatTensor` of shape `(batch_size, num_positions, hidden_size)`, *optional*): each
-            caption's projected feature grid (`config.image_attention`).
-        attention_outputs (`torch.FloatTensor` of shape `(batch_size, T, hidden_size)`, *optional*): the attentional
-            output after every prefix (`config.image_attention`).
-    """
-
-    hidden: torch.FloatTensor
-    cell: torch.FloatTensor
-    image_grid: torch.FloatTensor | None = None
-    attention_outputs: torch.FloatTensor | None = None
-
-    def state_after(self, captions: torch.LongTensor, num_tokens: torch.LongTensor) -> ShowTellRLState:
-        """The states of caption rows `captions` `(R,)` after their first `num_tokens` `(R,)` tokens, as one batch."""
-        position = num_tokens - 1
-        state = ShowTellRLState(
-            self.hidden[:, captions, position].contiguous(),  # (L, R, H)
-            self.cell[:, captions, position].contiguous(),
-        )
-        if self.image_grid is not None:
-            state.image_grid = self.image_grid[captions]
-            state.attention_output = self.attention_outputs[captions, position]
-        return state
+__all__ = ["ShowTellRL", "ShowTellRLOutput", "ShowTellRLPreTrainedModel"]
 
 
 @dataclass
@@ -152,7 +59,10 @@ class ShowTellRLPreTrainedModel(PreTrainedModel):
     config: ShowTellRLConfig
     base_model_prefix = "show_tell_rl"
     main_input_name = "input_ids"
-    _no_split_modules = ["ShowTellRL"]
+    # The CNN encoder stays on one device; a transformers backbone contributes its own blocks (its layers), so a
+    # large one can be spread over devices. The decoder's layers are direct children, placed one by one; the
+    # recurrence moves the tensors it combines onto one device.
+    _no_split_modules = ["ConvImageEncoder"]
     # a recurrent state cannot be rolled back, so assisted generation must refuse this model
     _is_stateful = True
     # checkpoints written before seed 000's baseline became an auxiliary network of the `spider_pg` objective
@@ -176,7 +86,8 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
 
     Decode with `model.generate(pixel_values=...)` (or `image_features=...` for the `"features"` encoder): greedy,
     sampling (`do_sample`, `temperature`, `top_k`, `top_p`), beam search (`num_beams`) and `num_return_sequences`
-    all work; the returned sequences start with `<bos>`.
+    all work; the returned sequences start with `<bos>`. A text prompt (`input_ids`, e.g. `processor(images=...,
+    text="a red")`) is continued; the `image-text-to-text` pipeline captions with `text=""`.
     """
 
     def __init__(self, config: ShowTellRLConfig):
@@ -236,6 +147,25 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         # generate must not create a DynamicCache: the first forward returns a ShowTellRLState instead
         return False
+
+    def generate(self, inputs: torch.LongTensor | None = None, *args, **kwargs):
+        """[`~GenerationMixin.generate`], continuing text prompts.
+
+        The processor ends every text with `<eos>`, after which a caption cannot go on: the prompts' end tokens become
+        padding (as BLIP's `generate` drops its prompt's `[SEP]`), and padding moves to the left, so that the scores
+        `generate` reads at the last position follow each prompt's last word (the LSTM state is carried unchanged
+        through padding; its output there is not a prediction). The returned sequences start with the prompts so
+        padded; `processor.batch_decode` drops the padding.
+        """
+        prompts = kwargs.pop("input_ids", inputs)
+        if prompts is not None:
+            attention_mask = kwargs.get("attention_mask")
+            words = prompts != self.config.eos_token_id
+            words &= (prompts != self.config.pad_token_id) if attention_mask is None else attention_mask.bool()
+            left_padded = torch.sort(words.long(), dim=1, stable=True).indices  # padding first, words in order
+            prompts = prompts.masked_fill(~words, self.config.pad_token_id).gather(1, left_padded)
+            kwargs["attention_mask"] = words.long().gather(1, left_padded)
+        return super().generate(prompts, *args, **kwargs)
 
     def _expand_inputs_for_generation(
         self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None, **model_kwargs
@@ -311,7 +241,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                 encoded, grid = self.image_encoder.forward_with_grid(pixel_values.to(self.dtype))
                 grid = self.grid_projection(grid)  # (B, N, H)
                 if self.grid_position_embeddings is not None:
-                    grid = grid + self.grid_position_embeddings.weight
+                    grid = grid + self.grid_position_embeddings.weight.to(grid.device)
                 return self.image_norm(self.image_projection(encoded)), self.grid_norm(grid)
             encoded = self.image_encoder(pixel_values.to(self.dtype))
         return self.image_norm(self.image_projection(encoded))
@@ -345,7 +275,8 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                     "This model attends over the image grid: the state it continues from must carry the grid and the "
                     "last attentional output (start from `initial_state` or a `forward` with `use_cache=True`)."
                 )
-            word_embeddings = torch.cat([word_embeddings, state.attention_output], dim=-1)  # input feeding
+            attention_output = state.attention_output.to(word_embeddings.device)
+            word_embeddings = torch.cat([word_embeddings, attention_output], dim=-1)  # input feeding
         outputs, (hidden, cell) = self.lstm(word_embeddings[:, None, :], (state.hidden, state.cell))
         top = outputs[:, 0]  # (B, H)
         if self.config.image_attention:
@@ -365,12 +296,13 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         for position in range(word_embeddings.shape[1]):
             output, next_state = self._step_state(word_embeddings[:, position], state)
             if step_mask is not None:
-                keep = step_mask[:, position]
+                keep = step_mask[:, position].to(next_state.hidden.device)
                 next_state.hidden = torch.where(keep.view(1, -1, 1), next_state.hidden, state.hidden)
                 next_state.cell = torch.where(keep.view(1, -1, 1), next_state.cell, state.cell)
                 if next_state.attention_output is not None:
+                    device = next_state.attention_output.device
                     next_state.attention_output = torch.where(
-                        keep[:, None], next_state.attention_output, state.attention_output
+                        keep[:, None].to(device), next_state.attention_output, state.attention_output.to(device)
                     )
             state = next_state
             outputs.append(output)
@@ -401,7 +333,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             outputs, final_state = self.lstm(inputs, state)
             return outputs, final_state
         lengths = step_mask.sum(dim=1)
-        positions = torch.arange(inputs.shape[1], device=inputs.device)
+        positions = torch.arange(inputs.shape[1], device=step_mask.device)
         is_right_padded = bool((step_mask == (positions[None, :] < lengths[:, None])).all())
         if is_right_padded and not need_final_state:
             # teacher forcing: right padding comes after every scored position, so one plain call is exact there
@@ -421,10 +353,12 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         grid `(B, N, H)` by scaled dot-product attention (Luong et al. 2015, with input feeding)."""
         if image_grid is None:
             raise ValueError("This model attends over the image grid: the state it continues from must carry it.")
-        scores = (self.attention_query(lstm_output)[:, None, :] @ image_grid.transpose(1, 2))[:, 0]  # (B, N)
+        query = self.attention_query(lstm_output)  # (B, H)
+        image_grid = image_grid.to(query.device)  # with a `device_map`, the image encoder may sit elsewhere
+        scores = (query[:, None, :] @ image_grid.transpose(1, 2))[:, 0]  # (B, N)
         weights = torch.softmax(scores / self.config.hidden_size**0.5, dim=-1)
         context = (weights[:, None, :] @ image_grid)[:, 0]  # (B, H)
-        return torch.tanh(self.attention_output(torch.cat([lstm_output, context], dim=-1)))
+        return torch.tanh(self.attention_output(torch.cat([lstm_output.to(context.device), context], dim=-1)))
 
     def _vocabulary_scores(self, lstm_outputs: torch.FloatTensor) -> torch.FloatTensor:
         """Logits over the vocabulary; `<pad>` and `<bos>` get the lowest finite score.
@@ -510,7 +444,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
 
         loss = None
         if labels is not None:
-            targets = labels[:, 1:].masked_fill(labels[:, 1:] == self.config.pad_token_id, -100)
+            targets = labels[:, 1:].masked_fill(labels[:, 1:] == self.config.pad_token_id, -100).to(logits.device)
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
         output = ShowTellRLOutput(
@@ -620,18 +554,21 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             `torch.FloatTensor` of shape `(batch_size, T - 1)`: `log p(input_ids[:, t + 1] | input_ids[:, :t + 1],
             image)`, 0 where `input_ids[:, t + 1]` is padding.
         """
+        # rlcaption scores the captions of every captioner in one place; imported here, guarded, because the saved
+        # remote code of this model is standalone and does not ship it
+        try:
+            from rlcaption.decoding import token_log_probs
+        except ImportError as error:
+            raise ImportError(
+                "caption_log_probs is a training helper of the rlcaption package: `pip install rlcaption`."
+            ) from error
+
         if attention_mask is None:
             attention_mask = (input_ids != self.config.pad_token_id).long()
-        logits = self(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            pixel_values=pixel_values,
-            image_features=image_features,
-            use_cache=False,
-        ).logits
-        log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
-        token_log_probs = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-        return token_log_probs.masked_fill(~attention_mask[:, 1:].bool(), 0.0)
+        images = {"pixel_values": pixel_values, "image_features": image_features}
+        images = {name: value for name, value in images.items() if value is not None}
+        log_probs = token_log_probs(self, images, input_ids, attention_mask)  # (B, T-1)
+        return log_probs.masked_fill(~attention_mask[:, 1:].bool().to(log_probs.device), 0.0)
 
     def prefix_states(
         self,
@@ -661,9 +598,9 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
     def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained`; when registered for `trust_remote_code`, also makes the code standalone.
 
-        The saved `modeling_show_tell_rl.py` imports the shared image encoders from the package; next to the
-        checkpoint it must import them from a copy in the same folder, so that users without `rlcaption` can load
-        the model with `trust_remote_code=True`.
+        The saved `modeling_show_tell_rl.py` and `configuration_show_tell_rl.py` import the shared image encoders from
+        the package; next to the checkpoint they must import them from a copy in the same folder, so that users
+        without `rlcaption` can load the model with `trust_remote_code=True`.
         """
         hub_kwargs = {key: kwargs.pop(key) for key in _HUB_UPLOAD_KWARGS if key in kwargs}
         repo_id = hub_kwargs.pop("repo_id", Path(save_directory).name)
@@ -680,10 +617,12 @@ _PACKAGE_ENCODER_IMPORT = "from rlcaption.models.encoders import"
 
 
 def _make_remote_code_standalone(save_directory: Path) -> None:
-    """Copy `encoders.py` next to the saved modeling file and point its import at the copy."""
+    """Copy `encoders.py` next to the saved modeling and configuration files and point their imports at the copy."""
     encoders_file = sys.modules[ConvImageEncoder.__module__].__file__  # the package's or a remote copy
-    modeling_file = save_directory / Path(__file__).name
-    source = modeling_file.read_text(encoding="utf-8")
-    modeling_file.write_text(source.replace(_PACKAGE_ENCODER_IMPORT, "from .encoders import"), encoding="utf-8")
+    for module_file in (Path(__file__), Path(sys.modules[ShowTellRLConfig.__module__].__file__)):
+        saved_file = save_directory / module_file.name
+        if saved_file.is_file():  # the configuration file is saved only when the config is registered too
+            source = saved_file.read_text(encoding="utf-8")
+            saved_file.write_text(source.replace(_PACKAGE_ENCODER_IMPORT, "from .encoders import"), encoding="utf-8")
     if Path(encoders_file).resolve() != (save_directory / "encoders.py").resolve():
         shutil.copyfile(encoders_file, save_directory / "encoders.py")

@@ -1,0 +1,58 @@
+"""Run by test_two_processes.py under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU): metrics that
+objectives record differ by process, and the training logs must carry their mean over processes."""
+
+import json
+import sys
+from pathlib import Path
+
+from conftest import IMAGE_SIZE, make_tiny_model
+
+from rlcaption.data import load_shapes
+from rlcaption.objectives import XEObjective, register_objective
+from rlcaption.processing import CaptionProcessor
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+
+
+@register_objective
+class RankRecordingObjective(XEObjective):
+    """XE that records its process index at every step, and on process 1 only a second metric, twice per step."""
+
+    name = "test_rank_recording"
+
+    def compute_loss(self, model, inputs):
+        process_index = self.trainer.accelerator.process_index
+        self.trainer.record_metric("process_index", float(process_index))
+        if process_index == 1:
+            self.trainer.record_metric("only_on_process_1", 3.0)
+            self.trainer.record_metric("only_on_process_1", 5.0)
+        return super().compute_loss(model, inputs)
+
+
+def main(output_dir: str, cache_dir: str) -> None:
+    shapes = load_shapes(
+        num_train=16, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
+    )
+    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
+    processor = CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+    args = RLCaptionConfig(
+        output_dir=output_dir, use_cpu=True, objective="test_rank_recording", per_device_train_batch_size=2,
+        per_device_eval_batch_size=2, max_steps=2, save_strategy="no", logging_steps=1, disable_tqdm=True,
+        eval_strategy="steps", eval_steps=1, eval_num_beams=1, max_caption_length=6,
+    )  # fmt: skip
+    trainer = RLCaptionTrainer(
+        model=make_tiny_model(processor, seed=0), args=args, processing_class=processor,
+        train_dataset=shapes["train"], eval_dataset=shapes["validation"],
+    )  # fmt: skip
+    trainer.train()
+    history = trainer.state.log_history
+    report = {
+        "world_size": trainer.accelerator.num_processes,
+        "process_index": [entry["process_index"] for entry in history if "process_index" in entry],
+        "only_on_process_1": [entry["only_on_process_1"] for entry in history if "only_on_process_1" in entry],
+        "eval_logs": sum("eval_CIDEr" in entry for entry in history),
+    }
+    Path(output_dir, f"rank{trainer.accelerator.process_index}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

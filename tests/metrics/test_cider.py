@@ -1,8 +1,11 @@
-"""CIDEr-D: parity with pycocoevalcap 1.2 (both document-frequency modes), the published fakecap score, the cache."""
+"""CIDEr-D: parity with pycocoevalcap 1.2 (both document-frequency modes, rows sharing references), the published
+fakecap score, the cache, the n-gram counts."""
 
+import copy
 import gzip
 import json
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -12,7 +15,8 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 
 from metric_fixtures import load_fakecap
-from rlcaption.metrics.cider import CiderD, DocumentFrequencies, compute_cider_d
+from rlcaption.metrics.cider import CiderD, DocumentFrequencies, compute_cider_d, compute_cider_d_rows
+from rlcaption.metrics.ngrams import NgramVocabulary
 from rlcaption.metrics.tokenization import normalize_caption
 
 
@@ -261,3 +265,110 @@ def test_property_non_negative_and_invariant_to_reference_order(corpus, random):
     shuffled_score, shuffled_per_image = compute_cider_d(predictions, shuffled)
     assert shuffled_score == pytest.approx(corpus_score, abs=1e-12)
     assert all(shuffled_per_image[key] == pytest.approx(per_image[key], abs=1e-12) for key in per_image)
+
+
+def coco_scores(candidates: list[str], references: list[list[str]]) -> np.ndarray:
+    """pycocoevalcap's `Cider` per row, every row one document."""
+    return np.array(
+        Cider().compute_score(dict(enumerate(references)), {row: [c] for row, c in enumerate(candidates)})[1]
+    )
+
+
+def test_rows_sharing_references_equal_pycocoevalcap_on_every_row():
+    # rows 0 and 1 share a reference list, row 2 has its own: the shared list is counted once for 2 documents
+    shared = ["a dog on a sofa", "a brown dog lying on a couch"]
+    other = ["a cat on a mat", "a dog and a cat"]
+    candidates = ["a dog on a couch", "a brown dog", "a cat on a sofa"]
+    per_row = [shared, list(shared), other]
+    expected = coco_scores(candidates, per_row)
+    together = compute_cider_d_rows(candidates, [shared, other], [0, 0, 1])
+    row_by_row = compute_cider_d_rows(candidates, per_row, [0, 1, 2])  # every row its own list, as before
+    np.testing.assert_allclose(together, expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(row_by_row, expected, rtol=0, atol=1e-12)
+    assert np.all(expected > 0)
+    # the weight matters: the same rows with the shared list counted as one document score otherwise
+    _, once = compute_cider_d({0: candidates[0], 2: candidates[2]}, {0: shared, 2: other})
+    assert abs(once[2] - expected[2]) > 1e-3
+    _, per_key = compute_cider_d(dict(enumerate(candidates)), dict(enumerate(per_row)))
+    np.testing.assert_allclose([per_key[row] for row in range(3)], expected, rtol=0, atol=1e-12)
+
+
+def test_documents_per_list_counts_rows_that_are_not_scored():
+    shared = ["a dog on a sofa", "a brown dog lying on a couch"]
+    other = ["a cat on a mat", "a dog and a cat"]
+    candidates = ["a dog on a couch", "a cat on a sofa"]
+    # pycocoevalcap on 4 rows, two of them with an empty candidate (still documents): 3 rows share `shared`
+    expected = coco_scores([candidates[0], "", "", candidates[1]], [shared, shared, shared, other])
+    ours = compute_cider_d_rows(candidates, [shared, other], [0, 1], documents_per_list=[3, 1])
+    np.testing.assert_allclose(ours, expected[[0, 3]], rtol=0, atol=1e-12)
+    assert expected[1] == expected[2] == 0.0
+    with pytest.raises(ValueError, match="at least as many documents"):
+        compute_cider_d_rows(candidates, [shared, other], [0, 0], documents_per_list=[1, 1])
+    with pytest.raises(ValueError, match="must index the 2 reference lists"):
+        compute_cider_d_rows(candidates, [shared, other], [0, 2])
+    with pytest.raises(ValueError, match="2 candidates but 1 reference-list"):
+        compute_cider_d_rows(candidates, [shared, other], [0])
+    assert compute_cider_d_rows([], [shared], []).shape == (0,)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(captions, min_size=1, max_size=4), min_size=1, max_size=3),
+    st.lists(st.tuples(captions, st.integers(0, 2)), min_size=1, max_size=8),
+)
+def test_property_shared_reference_lists_equal_pycocoevalcap(reference_lists, rows):
+    candidates = [caption for caption, _ in rows]
+    list_of_row = [index % len(reference_lists) for _, index in rows]
+    per_row = [reference_lists[index] for index in list_of_row]
+    # the COCO code crashes (max() of an empty sequence) when no reference has any word
+    assume(any(reference for refs in per_row for reference in refs))
+    ours = compute_cider_d_rows(candidates, reference_lists, list_of_row)
+    np.testing.assert_allclose(ours, coco_scores(candidates, per_row), rtol=0, atol=1e-9)
+
+
+def test_cache_mixing_cached_and_new_images_matches_a_fresh_scorer(fakecap):
+    predictions, references = fakecap
+    keys = list(references)[:60]
+    scorer = CiderD(DocumentFrequencies.from_references(list(references.values())[:300]))
+    scorer.score([predictions[key] for key in keys[:30]], [references[key] for key in keys[:30]], keys=keys[:30])
+    # half of the images cached, half new, every image with two rows
+    rows = keys[15:45] * 2
+    mixed = scorer.score([predictions[key] for key in rows], [references[key] for key in rows], keys=rows)
+    fresh = CiderD(scorer.document_frequencies).score(
+        [predictions[key] for key in rows], [references[key] for key in rows]
+    )
+    np.testing.assert_allclose(mixed, fresh, rtol=0, atol=1e-12)
+    assert scorer.num_cached_images == 45
+
+
+def ngram_counter(words: list[str], max_n: int = 4) -> Counter:
+    return Counter(tuple(words[i : i + n]) for n in range(1, max_n + 1) for i in range(len(words) - n + 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(words, max_size=9), min_size=1, max_size=5),
+    st.lists(st.lists(words, max_size=9), max_size=4),
+    st.lists(st.lists(words, max_size=9), max_size=6),
+)
+def test_property_ngram_counts_equal_counting_tuples(corpus, added, batch):
+    """Counts against a vocabulary with n-grams in its sorted tables (from document frequencies) and in its recent
+    arrays (added later), for n-grams it knows and for new ones."""
+    document_frequencies = DocumentFrequencies.from_references([[" ".join(words)] for words in corpus])
+    vocabulary = NgramVocabulary.from_ngrams(document_frequencies.index, max_n=4)
+    vocabulary.count_batch(added, assign=True)
+    size = vocabulary.size
+    assigning = copy.deepcopy(vocabulary)
+    rows, orders, ids, counts = vocabulary.count_batch(batch)
+    assert vocabulary.size == size  # without assign, new n-grams get ids for this batch only
+    assigned = assigning.count_batch(batch, assign=True)
+    for ours, theirs in zip((rows, orders, ids, counts), assigned, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    ngrams = assigning.ngrams()
+    found = [Counter() for _ in batch]
+    for row, order, ngram_id, count in zip(rows.tolist(), orders.tolist(), ids.tolist(), counts.tolist(), strict=True):
+        assert len(ngrams[ngram_id]) == order + 1
+        found[row][ngrams[ngram_id]] = count
+    assert found == [ngram_counter(words) for words in batch]
+    keys = np.stack([rows, orders, ids], axis=1).tolist()
+    assert keys == sorted(keys) and len(set(map(tuple, keys))) == len(keys)

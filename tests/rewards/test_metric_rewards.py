@@ -65,6 +65,25 @@ def test_cider_reward_without_document_frequencies_equals_pycocoevalcap_on_the_b
     np.testing.assert_allclose(values, theirs, rtol=0, atol=1e-9)
 
 
+def test_cider_reward_without_document_frequencies_counts_every_row_of_repeated_images(fakecap_rows):
+    """An SCST-like call: 4 completions per image, each image's references repeated for each of them (the same list
+    object, or an equal copy), one completion empty. Every row is one document, the empty one too, as in the COCO
+    code: the values equal pycocoevalcap's `Cider` on all rows."""
+    completions, references, image_ids = fakecap_rows
+    rows = [(image, sample) for image in range(6) for sample in range(4)]
+    row_completions = [completions[image + 6 * sample] for image, sample in rows]
+    row_completions[5] = " ... "  # punctuation only: empty once tokenized
+    row_references = [references[image] if sample % 2 else list(references[image]) for image, sample in rows]
+    row_ids = [image_ids[image] for image, _ in rows]
+    values = get_reward("cider")(completions=row_completions, references=row_references, image_id=row_ids)
+    predictions, tokenized_refs = tokenized(row_completions, row_references)
+    _, theirs = Cider().compute_score(tokenized_refs, {row: [caption] for row, caption in predictions.items()})
+    np.testing.assert_allclose(values, theirs, rtol=0, atol=1e-9)
+    assert values[5] == 0.0 and min(values[:5] + values[6:]) >= 0 and max(values) > 0
+    with pytest.raises(ValueError, match="References of row 2 must all be strings"):
+        get_reward("cider")(completions=["a", "b", "c"], references=[["a dog"], ["a dog"], ["a dog", ["a cat"]]])
+
+
 @pytest.mark.parametrize("n", [4, 2])
 def test_bleu_reward_equals_pycocoevalcap_per_image(fakecap_rows, n):
     completions, references, _ = fakecap_rows

@@ -448,3 +448,15 @@ def test_spider_pg_scores_captions_under_the_policy_that_sampled_them(processor,
         logits = model(input_ids=sequences, pixel_values=batch["pixel_values"], use_cache=False).logits[:, :-1]
     expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, sequences[:, 1:, None]).squeeze(-1)
     torch.testing.assert_close(scored[0][mask], expected[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_the_baseline_is_in_training_checkpoints_not_in_the_saved_captioner(processor, shapes, tmp_path):
+    trainer = make_trainer(
+        make_show_tell(processor, IMAGE_SIZE), processor, shapes, tmp_path, max_steps=1, save_strategy="steps",
+        save_steps=1,
+    )  # fmt: skip
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    assert (tmp_path / "checkpoint-1" / "auxiliary_networks.safetensors").is_file()
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+    assert not (tmp_path / "final" / "auxiliary_networks.safetensors").exists()

@@ -496,13 +496,13 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
                 wandb.log({"completions": table})
 
     # ------------------------------------------------------------------ checkpoints
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        # the model's weights, then the auxiliary networks: both precede the trainer state that marks a checkpoint
-        # complete
-        super()._save(output_dir, state_dict)
-        # `_save` runs on every process; the replicas are equal, so the main process writes them
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        # Training checkpoints only (a final `save_model` writes the captioner alone), with the optimizer state that
+        # covers them, and before the trainer state that marks a checkpoint complete. This runs on every process;
+        # the replicas are equal, so the main process writes them.
         if self._auxiliary_networks and self.args.should_save:
-            self._save_auxiliary_networks(output_dir if output_dir is not None else self.args.output_dir)
+            self._save_auxiliary_networks(output_dir)
+        super()._save_optimizer_and_scheduler(output_dir)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)

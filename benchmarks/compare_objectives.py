@@ -42,7 +42,7 @@ def _new_model(processor: CaptionProcessor, image_size: int, seed: int) -> ShowT
     tokenizer = processor.tokenizer
     config = ShowTellRLConfig(
         vocab_size=len(tokenizer), hidden_size=128, word_embedding_size=128,
-        image_size=image_size, cnn_channels=[16, 32, 32, 32], dropout=0.2, max_caption_length=21,
+        image_size=image_size, cnn_channels=[16, 32, 32, 32], dropout=0.2, max_caption_length=20,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )  # fmt: skip

@@ -1,52 +1,98 @@
 """
-Self-critical sequence training (SCST, Rennie et al. 2017) from an XE checkpoint, CIDEr-D reward by default.
+Self-critical sequence training (SCST, Rennie et al. 2017) of any captioner, CIDEr-D reward by default.
 
-    accelerate launch examples/train_scst.py --model_name_or_path runs/xe --output_dir runs/scst \
-        --num_train_epochs 3 --learning_rate 2e-4
+    accelerate launch examples/train_scst.py --model_name_or_path checkpoints/show-tell-rl-shapes-xe \
+        --output_dir runs/scst --use_cpu
 
-Rewards are any weighted mix of built-ins (`--reward_funcs cider bleu --reward_weights 1.0 0.5`); the baseline is
-the greedy caption's reward (`--baseline greedy`) or the mean of the image's other samples
-(`--baseline mean_of_others`). `--push_to_hub` publishes the result.
+`--model_name_or_path` is an XE checkpoint of ours (`examples/train_xe.py`) or any transformers captioner the trainer
+supports, by folder or Hub id: a VisionEncoderDecoderModel, BLIP or GIT, loaded with its own processor
+(`AutoProcessor`). Rewards are any weighted mix of built-ins (`--reward_funcs cider bleu --reward_weights 1.0 0.5`);
+the baseline is the greedy caption's reward (`--baseline greedy`, the default) or the mean of the image's other
+samples (`--baseline mean_of_others`). Captions are sampled with the trainer's settings (`--temperature`, `--top_k`,
+`--top_p`, `--max_caption_length`), never with those of the checkpoint's generation config.
+
+The test split is scored at the end (beam search, `--eval_num_beams`), the scores are printed, and the output folder
+gets the model, its processor, a model card and `eval_results.json`. A run whose `--output_dir` holds a complete
+checkpoint resumes from it; `--push_to_hub --hub_model_id org/name` publishes the folder.
 """
 
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser
+from rlcaption.recipes import (
+    RecipeArguments,
+    finish_recipe,
+    load_pretrained_captioner,
+    load_recipe_dataset,
+    parse_recipe_arguments,
+    recipe_model_card,
+)
+from rlcaption.trainer import RLCaptionTrainer
 
-from rlcaption.data import load_caption_dataset
-from rlcaption.models import ShowTellRL
-from rlcaption.processing import CaptionProcessor
-from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+# The recipe's own defaults: the demo's SCST settings (an RL learning rate for a warm-started policy).
+RECIPE_DEFAULTS = {
+    "objective": "scst",
+    "reward_funcs": ["cider"],
+    "learning_rate": 5e-4,
+    "num_train_epochs": 1.0,
+    "per_device_train_batch_size": 32,
+    "num_samples_per_image": 5,
+}
 
 
 @dataclass
-class ScriptArguments:
-    model_name_or_path: str = field(metadata={"help": "XE checkpoint (folder or Hub id) with its processor."})
-    dataset: str = field(default="shapes", metadata={"help": "`shapes`, a save_to_disk folder or a Hub dataset id."})
-    num_train_images: int = field(default=4000, metadata={"help": "Training images of the shapes dataset."})
+class ScriptArguments(RecipeArguments):
+    model_name_or_path: str = field(
+        default="checkpoints/show-tell-rl-shapes-xe",
+        metadata={"help": "The captioner to start from (folder or Hub id, with its processor)."},
+    )
 
 
-def main():
-    parser = HfArgumentParser((ScriptArguments, RLCaptionConfig))
-    script_args, training_args = parser.parse_args_into_dataclasses()
-    if training_args.objective == "xe":
-        training_args.objective = "scst"
+def _model_card(model, training_args, script_args, scores, num_test_images):
+    weights = training_args.reward_weights or [1.0] * len(training_args.reward_funcs)
+    rewards = " + ".join(
+        f"{weight:g}·{name}" for name, weight in zip(training_args.reward_funcs, weights, strict=True)
+    )
+    return recipe_model_card(
+        model, training_args, script_args, scores, num_test_images,
+        model_summary=(
+            f"An image captioner fine-tuned on the `{script_args.dataset}` dataset by self-critical sequence "
+            f"training (Rennie et al., 2017) from `{script_args.model_name_or_path}`. Reward: {rewards}."
+        ),
+        recipe="train_scst.py",
+        training_settings={
+            "start": f"`{script_args.model_name_or_path}`",
+            "objective": f"`scst`, baseline `{training_args.baseline}`",
+            "reward": rewards,
+            "sampled captions per image": training_args.num_samples_per_image,
+            "epochs": f"{training_args.num_train_epochs:g}",
+            "learning rate": f"{training_args.learning_rate:g}",
+        },
+        tags=["scst"],
+    )  # fmt: skip
 
-    shapes_options = {"num_train": script_args.num_train_images} if script_args.dataset == "shapes" else {}
-    dataset = load_caption_dataset(script_args.dataset, **shapes_options)
+
+def main(argv=None):
+    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    if training_args.objective != "scst":
+        raise ValueError(
+            f"train_scst.py trains by self-critical sequence training; --objective {training_args.objective} "
+            "belongs to another recipe (train_xe.py, train_spider.py, ...)."
+        )
+    model, processor = load_pretrained_captioner(script_args.model_name_or_path)
+    dataset = load_recipe_dataset(script_args)
     trainer = RLCaptionTrainer(
-        model=ShowTellRL.from_pretrained(script_args.model_name_or_path),
+        model=model,
         args=training_args,
-        processing_class=CaptionProcessor.from_pretrained(script_args.model_name_or_path),
+        processing_class=processor,
         train_dataset=dataset["train"],
         eval_dataset=dataset.get("validation"),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    if trainer.eval_dataset is not None:
-        trainer.evaluate()
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset)
+
+    def model_card(scores, num_test_images):
+        return _model_card(model, training_args, script_args, scores, num_test_images)
+
+    finish_recipe(trainer, processor, dataset, script_args, model_card)
 
 
 if __name__ == "__main__":

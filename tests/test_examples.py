@@ -12,8 +12,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def run_recipe(script: str, *arguments: str, cache_dir: Path) -> str:
+    """Runs `examples/<script>` (or, when `script` starts with `-m`, a module such as `accelerate launch`)."""
     env = {**os.environ, "HF_DATASETS_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(EXAMPLES / script), *arguments]
+    target = [script] if script.startswith("-") else [str(EXAMPLES / script)]
+    command = [sys.executable, *target, *arguments]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -50,3 +52,37 @@ def test_xe_then_scst_then_caption(tmp_path):
     path, caption = lines[0].split("\t")
     assert path == str(image)
     assert caption == caption.lower()
+
+
+def test_scst_recipe_fine_tunes_a_foreign_captioner_under_accelerate_and_resumes(tmp_path):
+    from rlcaption.data import load_shapes
+    from tiny_captioners import make_foreign_captioner
+
+    shapes = load_shapes(num_train=16, num_validation=4, num_test=4)
+    captions = [caption for row in shapes["train"]["captions"] for caption in row]
+    model, processor = make_foreign_captioner("vit_gpt2", captions, image_size=48)
+    model.save_pretrained(tmp_path / "vit_gpt2")
+    processor.save_pretrained(tmp_path / "vit_gpt2")
+    output_dir = tmp_path / "scst"
+    launch = ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+    arguments = [
+        "--model_name_or_path", str(tmp_path / "vit_gpt2"), "--output_dir", str(output_dir),
+        "--num_train_images", "16", "--num_validation_images", "4", "--num_test_images", "4",
+        "--per_device_train_batch_size", "4", "--num_samples_per_image", "2", "--max_caption_length", "8",
+        "--save_strategy", "steps", "--save_steps", "1", "--eval_strategy", "no",
+    ]  # fmt: skip
+    run_recipe(*launch, str(EXAMPLES / "train_scst.py"), *arguments, "--max_steps", "1", cache_dir=tmp_path / "c")
+    assert (output_dir / "checkpoint-1" / "trainer_state.json").is_file()
+    test_scores = json.loads((output_dir / "eval_results.json").read_text())["test"]
+    assert {"CIDEr", "Bleu_4", "object_f1", "loss"} <= set(test_scores)
+    card = (output_dir / "README.md").read_text()
+    assert "VisionEncoderDecoderModel" in card and "AutoModelForImageTextToText" in card and "model-index" in card
+
+    # launched again with more steps, the run continues from its checkpoint instead of starting over
+    printed = run_recipe(
+        *launch, str(EXAMPLES / "train_scst.py"), *arguments, "--max_steps", "2", cache_dir=tmp_path / "c"
+    )
+    assert f"Resuming from {output_dir / 'checkpoint-1'}" in printed
+    state = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2

@@ -21,9 +21,9 @@ from .data.shapes import most_specific_reference
 from .evaluation import caption_dataset, scene_grounding_scores
 from .gallery import save_caption_gallery
 from .metrics import clip_retrieval, clip_score, evaluate_captions, load_clip
-from .models import ShowTellRL, ShowTellRLConfig
+from .models import ShowTellRL
 from .processing import CaptionProcessor
-from .scene_pretraining import pretrain_image_encoder_on_scenes
+from .recipes import new_show_tell_rl, pretrain_on_scenes
 from .trainer import RLCaptionConfig, RLCaptionTrainer
 
 __all__ = ["DEFAULT_EVALUATOR_CLIP", "DemoSettings", "run_demo", "score_captioner"]
@@ -168,26 +168,14 @@ def run_demo(
     processor = CaptionProcessor.from_captions(train_captions, min_count=1, image_size=settings.image_size)
     print(f"[demo] shapes: {dict(shapes.num_rows)} images, vocabulary {len(processor.tokenizer)} words")
 
-    # 2. teacher forcing
-    tokenizer = processor.tokenizer
-    config = ShowTellRLConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=settings.hidden_size,
-        word_embedding_size=settings.hidden_size,
-        encoder_type="cnn",
-        image_size=settings.image_size,
-        cnn_channels=list(settings.cnn_channels),
-        image_attention=True,
-        dropout=0.2,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+    # 2. teacher forcing, after the encoder learns the scene cells
+    model = new_show_tell_rl(
+        processor, settings.image_size, settings.cnn_channels, settings.hidden_size, image_attention=True
     )
-    model = ShowTellRL(config)
-    pretraining = pretrain_image_encoder_on_scenes(
-        model.image_encoder, processor, shapes["train"], num_steps=settings.scene_pretraining_steps, seed=settings.seed
-    )
-    model.freeze_image_encoder(settings.freeze_image_encoder)
+    pretraining = pretrain_on_scenes(
+        model, processor, shapes["train"], settings.scene_pretraining_steps, settings.freeze_image_encoder,
+        seed=settings.seed,
+    )  # fmt: skip
     print(
         f"[demo] image encoder pretrained on the scene annotations at {time.perf_counter() - start:.0f} s: "
         + ", ".join(f"{name} {value:.3f}" for name, value in pretraining.items())

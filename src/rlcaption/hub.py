@@ -13,11 +13,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, create_repo, upload_folder
+from huggingface_hub.errors import HTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
 from torch import nn
 
-__all__ = ["MODEL_CARD_TEMPLATE", "caption_eval_results", "parameter_count", "publish_folder", "render_model_card"]
+__all__ = [
+    "HUB_CONNECTION_ERRORS",
+    "MODEL_CARD_TEMPLATE",
+    "caption_eval_results",
+    "parameter_count",
+    "publish_folder",
+    "render_model_card",
+]
 
-MODEL_CARD_TEMPLATE = Path(__file__).parent / "templates" / "show_tell_rl_model_card.md"
+# What a Hub request raises when the Hub cannot be reached or refuses it (no network, offline mode, no token, HTTP
+# errors); a failed upload leaves the local folder as it was.
+HUB_CONNECTION_ERRORS = (HTTPError, OfflineModeIsEnabled, LocalTokenNotFoundError)
+
+MODEL_CARD_TEMPLATE = Path(__file__).parent / "templates" / "captioner_model_card.md"
 
 # COCO evaluation keys (as returned by `rlcaption.metrics.evaluate_captions`) -> (Hub metric type, display name)
 _CAPTION_METRICS = {
@@ -47,9 +59,29 @@ _SCENE_METRICS = {
     "generic_share": ("generic_share", "Generic captions"),
     "parse_failure_share": ("parse_failure_share", "Parse failures"),
 }
-_REPORTED_METRICS = {**_CAPTION_METRICS, **_SCENE_METRICS}
-# Keys that qualify the scores (supports and per-part figures) rather than being scores worth a card line.
+# Diversity (`rlcaption.evaluation.diversity_scores`) and evaluator-CLIP (`clip_scores`) keys -> (type, display name)
+_DIVERSITY_AND_CLIP_METRICS = {
+    "Div-1": ("div_1", "Div-1"),
+    "Div-2": ("div_2", "Div-2"),
+    "mBLEU-4": ("mbleu_4", "mBLEU-4"),
+    "Self-BLEU": ("self_bleu", "Self-BLEU"),
+    "distinct_captions": ("distinct_captions", "Distinct captions"),
+    "CLIP-S": ("clip_score", "CLIP-S (evaluator CLIP)"),
+    **{
+        f"{direction}_R@{k}": ("recall", f"{label} R@{k} (evaluator CLIP)")
+        for direction, label in (("t2i", "Text-to-image"), ("i2t", "Image-to-text"))
+        for k in (1, 5, 10)
+    },
+}
+_REPORTED_METRICS = {**_CAPTION_METRICS, **_SCENE_METRICS, **_DIVERSITY_AND_CLIP_METRICS}
+# Keys that qualify the scores (supports, per-part figures, what `Trainer.evaluate` adds) rather than being scores
+# worth a card line.
 _QUALIFYING_KEYS = (
+    "loss",
+    "runtime",
+    "samples_per_second",
+    "steps_per_second",
+    "epoch",
     "num_captions",
     "num_images",
     "num_sizes_checked",
@@ -128,10 +160,11 @@ def render_model_card(
     template_path: str | os.PathLike = MODEL_CARD_TEMPLATE,
 ) -> ModelCard:
     """
-    The model card of a trained `ShowTellRL` captioner, from a Jinja template and real evaluation scores.
+    The model card of a trained captioner, from a Jinja template and real evaluation scores.
 
     Args:
-        model: the trained model (its config gives the architecture lines of the card).
+        model: the trained model: a `ShowTellRL` (its config gives the architecture lines of the card) or any
+            transformers captioner (the card names its class and loads it with the Auto classes).
         repo_id: the Hub id the card's usage snippet loads (`org/name`).
         scores: the evaluation scores, keys of [`rlcaption.metrics.evaluate_captions`] (`CIDEr`, `Bleu_4`, ...); they
             become both the card's results table and its `model-index` metadata.
@@ -162,8 +195,10 @@ def render_model_card(
         model_name=repo_id.split("/")[-1],
         repo_id=repo_id,
         model_summary=model_summary,
-        num_layers=config.num_layers,
-        hidden_size=config.hidden_size,
+        model_class=type(model).__name__,
+        model_type=config.model_type,
+        num_layers=getattr(config, "num_layers", None),
+        hidden_size=getattr(config, "hidden_size", None),
         image_attention=getattr(config, "image_attention", False),
         num_parameters=parameter_count(model),
         max_length=model.generation_config.max_length,
@@ -187,17 +222,29 @@ def publish_folder(
     """
     Uploads a saved model folder (created with `save_pretrained` + the processor + `README.md`) to the Hub as one
     commit, skipping training checkpoints and logs. Returns the commit URL.
+
+    Raises:
+        `FileNotFoundError`: `folder` holds no saved model.
+        `RuntimeError`: the Hub could not be reached or refused the upload; the message says that the folder is
+            intact and how to publish it later.
     """
     if not (Path(folder) / "config.json").is_file():
         raise FileNotFoundError(
             f"{folder} has no config.json: save the model there with `save_pretrained` before publishing it."
         )
-    create_repo(repo_id, token=token, private=private, exist_ok=True)
-    commit = upload_folder(
-        repo_id=repo_id,
-        folder_path=str(folder),
-        token=token,
-        commit_message=commit_message,
-        ignore_patterns=["checkpoint-*", "runs/*", "*.pt", "*.pth", "training_args.bin"],
-    )
+    try:
+        create_repo(repo_id, token=token, private=private, exist_ok=True)
+        commit = upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            token=token,
+            commit_message=commit_message,
+            ignore_patterns=["checkpoint-*", "runs/*", "*.pt", "*.pth", "training_args.bin"],
+        )
+    except HUB_CONNECTION_ERRORS as error:
+        raise RuntimeError(
+            f"Could not publish {folder} to the Hub repo {repo_id}: {error}. The saved model in {folder} is intact; "
+            f"publish it later with `hf upload {repo_id} {folder}` (after `hf auth login`) or "
+            "`rlcaption.hub.publish_folder`."
+        ) from error
     return str(commit)

@@ -133,7 +133,7 @@ def decode_with_word_passing(
             One of [`WORD_PASSING_MODES`] (see the module documentation).
         max_length (`int`, *optional*):
             Maximum caption length with `<bos>` included, as in `generate`: at most `max_length - 1` steps. Defaults
-            to `config.max_caption_length`. Decoding stops earlier once every caption has ended.
+            to `config.max_caption_length + 1`. Decoding stops earlier once every caption has ended.
         rho (`float`, *optional*, defaults to 0.25):
             Probability of passing the full vector at a step, in `[0, 1]` (PSST modes only).
         gumbel_temperature (`float`, *optional*, defaults to 1.0):
@@ -156,7 +156,7 @@ def decode_with_word_passing(
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}.")
     config = model.config
-    max_length = config.max_caption_length if max_length is None else max_length
+    max_length = config.max_caption_length + 1 if max_length is None else max_length
     if max_length < 2:
         raise ValueError(f"max_length counts <bos> and must be at least 2 to decode a word, got {max_length}.")
 

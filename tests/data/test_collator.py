@@ -142,7 +142,7 @@ def test_a_tokenizer_without_start_or_end_token_is_refused_without_the_model_tok
 
 def test_truncation_keeps_the_end_token_and_unknown_words(processor):
     tokens = CaptionTokens(start_token_id=1, end_token_id=2, pad_token_id=0)
-    batch = CaptionCollator(processor, max_caption_length=4, caption_tokens=tokens)(
+    batch = CaptionCollator(processor, max_length=4, caption_tokens=tokens)(
         [image_row(1, ["two shapes on a white background", "a red zebra"])]
     )
     unknown = processor.tokenizer.unk_token_id
@@ -153,8 +153,8 @@ def test_truncation_keeps_the_end_token_and_unknown_words(processor):
     ]
     batch = CaptionCollator(processor, caption_tokens=tokens)([image_row(1, ["a red zebra"])])
     assert batch["caption_input_ids"].tolist() == [[1, vocab["a"], vocab["red"], unknown, 2]]
-    with pytest.raises(ValueError, match="max_caption_length must be >= 2"):
-        CaptionCollator(processor, max_caption_length=1)
+    with pytest.raises(ValueError, match="max_length must be >= 2"):
+        CaptionCollator(processor, max_length=1)
 
 
 def test_rows_without_an_image_id_get_no_invented_one(processor):

@@ -38,8 +38,8 @@ class CaptionCollator:
         processor: the model's processor: a [`CaptionProcessor`] or any processor taking `images=` and `text=`
             (`TrOCRProcessor`, `BlipProcessor`, `GitProcessor`, ...).
         captions_per_image (`int`, *optional*): references tokenized per image; all when `None`.
-        max_caption_length (`int`, *optional*): truncation length of tokenized references, start and end tokens
-            included (the end token is kept).
+        max_length (`int`, *optional*): truncation length of tokenized references, start and end tokens included
+            (the end token is kept), as `generate`'s `max_length` counts the start token.
         caption_tokens ([`CaptionTokens`], *optional*): the model's start, end and pad tokens, e.g.
             `captioner_for(model).tokens` (what [`RLCaptionTrainer`] passes). When `None`, the tokenizer's bos and
             eos tokens, and a tokenizer without them is refused.
@@ -51,19 +51,17 @@ class CaptionCollator:
         self,
         processor: Any,
         captions_per_image: int | None = None,
-        max_caption_length: int | None = None,
+        max_length: int | None = None,
         caption_tokens: CaptionTokens | None = None,
         tokenize_references: bool = True,
     ):
         if captions_per_image is not None and captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1 or None, got {captions_per_image}.")
-        if max_caption_length is not None and max_caption_length < 2:
-            raise ValueError(
-                f"max_caption_length must be >= 2 (the start and end tokens) or None, got {max_caption_length}."
-            )
+        if max_length is not None and max_length < 2:
+            raise ValueError(f"max_length must be >= 2 (the start and end tokens) or None, got {max_length}.")
         self.processor = processor
         self.captions_per_image = captions_per_image
-        self.max_caption_length = max_caption_length
+        self.max_length = max_length
         self.tokenize_references = tokenize_references
         self.caption_tokens = None
         if tokenize_references:
@@ -150,7 +148,7 @@ class CaptionCollator:
         # the processor's own text handling (CaptionProcessor normalises like the metrics), without padding: the
         # framing below changes the lengths
         encoded = self.processor(text=texts, padding=False, return_tensors=None)["input_ids"]
-        max_words = None if self.max_caption_length is None else self.max_caption_length - 2
+        max_words = None if self.max_length is None else self.max_length - 2
         sequences = []
         for ids in encoded:
             start, end = 0, len(ids)

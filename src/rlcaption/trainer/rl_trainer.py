@@ -21,6 +21,7 @@ from .. import objectives as _objectives  # noqa: F401  (registers the built-in 
 from ..captioners import captioner_for
 from ..data.collator import CaptionCollator
 from ..decoding import GeneratedCaptions, generate_captions
+from ..hub import HUB_CONNECTION_ERRORS
 from ..objectives.base import AuxiliaryNetwork, get_objective_class
 from ..rewards import RewardMix, get_reward, is_group_reward, reward_parameters
 from .caption_evaluation import CaptionEvaluationMixin
@@ -183,7 +184,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
                 processing_class,
                 captions_per_image=args.xe_captions_per_image,
                 # the start token, then at most as many tokens as decoding generates (the end token included)
-                max_caption_length=args.max_caption_length + 1,
+                max_length=args.max_caption_length + 1,
                 caption_tokens=caption_tokens,
             )
         super().__init__(
@@ -532,3 +533,24 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         if self.args.max_steps <= 0 or not os.path.isfile(state_file):
             return False
         return TrainerState.load_from_json(state_file).global_step >= self.args.max_steps
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        # `push_to_hub=True` creates the repo when the trainer is built: a Hub that cannot be reached fails here,
+        # before any training time is spent, saying so
+        try:
+            super().init_hf_repo(token=token, private=private)
+        except HUB_CONNECTION_ERRORS as error:
+            raise RuntimeError(
+                f"push_to_hub: cannot create the Hub repo for {self.args.hub_model_id or self.args.output_dir}: "
+                f"{error}. Nothing was trained yet. Log in (`hf auth login`) and check the network, or train without "
+                "--push_to_hub and publish the saved folder later with `rlcaption.hub.publish_folder`."
+            ) from error
+
+    def push_to_hub(self, *args: Any, **kwargs: Any):
+        try:
+            return super().push_to_hub(*args, **kwargs)
+        except HUB_CONNECTION_ERRORS as error:
+            raise RuntimeError(
+                f"push_to_hub failed: {error}. The model saved in {self.args.output_dir} is intact; publish it later "
+                "with `trainer.push_to_hub()` or `rlcaption.hub.publish_folder`."
+            ) from error

@@ -82,6 +82,7 @@ def sequence_log_prob(model: ShowTellRL, pixel_values: torch.Tensor, sequence: l
         (dict(eos_token_id=0), "must differ"),
         (dict(dropout=1.0), "dropout"),
         (dict(hidden_size=0), "hidden_size"),
+        (dict(max_caption_length=0), "tokens after <bos>"),
     ],
 )
 def test_config_rejects_bad_values(overrides, message):
@@ -318,6 +319,15 @@ def test_greedy_generate_equals_hand_written_greedy_loop(image_attention):
     torch.testing.assert_close(generated, manual_greedy(model, pixels, 8))
     uncached = model.generate(pixel_values=pixels, max_length=8, use_cache=False)
     torch.testing.assert_close(uncached, generated)
+
+
+def test_max_caption_length_counts_the_tokens_after_bos_as_the_trainer_does():
+    # an untrained model rarely ends a caption early: the default decoding runs to the configured length
+    model = tiny_model(max_caption_length=5)
+    assert model.generation_config.max_length == 6
+    generated = model.generate(pixel_values=random_pixels(4))
+    assert generated.size(1) <= 6
+    torch.testing.assert_close(generated, manual_greedy(model, random_pixels(4), 6))
 
 
 def test_greedy_generate_from_precomputed_features():

@@ -56,7 +56,8 @@ class ShowTellRLConfig(PretrainedConfig):
             word is predicted from both. Without it the image is read once, before `<bos>` (Show and Tell), which is
             too little to bind each colour to its shape. Not available with precomputed `"features"` (one vector).
         max_caption_length (`int`, *optional*, defaults to 20):
-            Default maximum length of generated sequences, `<bos>` included (written to the generation config).
+            Most tokens a generated caption gets after `<bos>`, its end token included: the trainer's
+            `max_caption_length`. The generation config's `max_length`, which counts `<bos>` too, is this + 1.
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of linear and embedding weights.
         pad_token_id (`int`, *optional*, defaults to 0), bos_token_id (`int`, *optional*, defaults to 1),
@@ -135,9 +136,9 @@ class ShowTellRLConfig(PretrainedConfig):
                 raise ValueError(f"ShowTellRLConfig.{name} must be a positive int, got {value!r}.")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ShowTellRLConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-        if self.max_caption_length < 2:
+        if not isinstance(self.max_caption_length, int) or self.max_caption_length < 1:
             raise ValueError(
-                f"ShowTellRLConfig.max_caption_length must be at least 2 (<bos> and one word), "
+                f"ShowTellRLConfig.max_caption_length counts the tokens after <bos> and must be at least 1, "
                 f"got {self.max_caption_length!r}."
             )
         special = {"pad_token_id": self.pad_token_id, "bos_token_id": self.bos_token_id}

@@ -132,7 +132,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         self.generation_config.bos_token_id = config.bos_token_id
         self.generation_config.eos_token_id = config.eos_token_id
         self.generation_config.pad_token_id = config.pad_token_id
-        self.generation_config.max_length = config.max_caption_length
+        self.generation_config.max_length = config.max_caption_length + 1  # + <bos>
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -501,7 +501,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                 `"psst_gumbel"` or `"reinforce"`.
             max_length (`int`, *optional*):
                 Maximum caption length with `<bos>` included (at most `max_length - 1` steps); defaults to
-                `config.max_caption_length`.
+                `config.max_caption_length + 1`.
             rho (`float`, *optional*, defaults to 0.25):
                 PSST's probability of passing the full vector at a step, in `[0, 1]`.
             gumbel_temperature (`float`, *optional*, defaults to 1.0):

@@ -1,0 +1,343 @@
+"""
+What every training recipe of `examples/` shares: its common arguments, resuming, loading the captioner to start
+from, building a new `ShowTellRL`, and the end of a run (test scores, `eval_results.json`, model card, publishing).
+
+A recipe is then only its method: `examples/train_xe.py`, `train_scst.py`, `train_spider.py`, ... each parse
+`(their ScriptArguments, RLCaptionConfig)` with [`parse_recipe_arguments`], load data with [`load_recipe_dataset`],
+train with [`RLCaptionTrainer`] and end with [`finish_recipe`]. The demo (`rlcaption demo`) builds its models with
+the same [`new_show_tell_rl`] and [`pretrain_on_scenes`].
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import AutoModelForImageTextToText, AutoProcessor, HfArgumentParser
+
+from . import models as _models  # noqa: F401  (registers our Auto classes, so AutoProcessor finds ours)
+from .data import load_caption_dataset
+from .hub import publish_folder, render_model_card
+from .models import ShowTellRL, ShowTellRLConfig
+from .processing import CaptionProcessor
+from .scene_pretraining import pretrain_image_encoder_on_scenes
+from .trainer import RLCaptionConfig
+from .trainer.rl_trainer import last_complete_checkpoint
+
+__all__ = [
+    "RecipeArguments",
+    "check_pretrained_reference",
+    "finish_recipe",
+    "load_pretrained_captioner",
+    "load_recipe_dataset",
+    "new_show_tell_rl",
+    "parse_recipe_arguments",
+    "pretrain_on_scenes",
+    "recipe_model_card",
+    "resolve_resume_from_checkpoint",
+]
+
+_TRUE_WORDS = ("true", "yes", "1", "last", "auto")
+_FALSE_WORDS = ("false", "no", "0", "none")
+
+
+@dataclass
+class RecipeArguments:
+    """The arguments every recipe has besides [`RLCaptionConfig`]; a recipe's own `ScriptArguments` extend them."""
+
+    dataset: str = field(default="shapes", metadata={"help": "`shapes`, a save_to_disk folder or a Hub dataset id."})
+    num_train_images: int = field(default=4000, metadata={"help": "Training images of the shapes dataset."})
+    num_validation_images: int = field(default=200, metadata={"help": "Validation images of the shapes dataset."})
+    num_test_images: int = field(default=500, metadata={"help": "Test images of the shapes dataset."})
+    shapes_seed: int = field(default=0, metadata={"help": "Seed of the generated shapes dataset."})
+    image_size: int = field(default=48, metadata={"help": "Side of shapes images (and of a new model's input)."})
+    verify_images: bool = field(
+        default=True, metadata={"help": "Decode every image of the dataset once before training (corrupt ones fail)."}
+    )
+    skip_unreadable_images: bool = field(
+        default=False, metadata={"help": "Drop the rows whose image does not decode, naming them, instead of failing."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start again although --output_dir holds checkpoints of an earlier run. Without it, a run whose "
+            "--output_dir has a complete checkpoint resumes from the newest one."
+        },
+    )
+
+
+def _normalise_resume_flag(argv: Sequence[str]) -> list[str]:
+    """`--resume_from_checkpoint` with no value (the last word, or followed by another option) means `true`."""
+    words = list(argv)
+    for index, word in enumerate(words):
+        if word == "--resume_from_checkpoint" and (index + 1 == len(words) or words[index + 1].startswith("--")):
+            words.insert(index + 1, "true")
+            break
+    return words
+
+
+def parse_recipe_arguments(
+    script_arguments_class: type, defaults: Mapping[str, Any] | None = None, argv: Sequence[str] | None = None
+) -> tuple[Any, RLCaptionConfig]:
+    """
+    Parses `(script_arguments_class, RLCaptionConfig)` from the command line (or `argv`) with the recipe's own
+    `defaults` (e.g. its objective and learning rate), and settles where training resumes from
+    ([`resolve_resume_from_checkpoint`]), so that `training_args.resume_from_checkpoint` is what
+    `trainer.train(resume_from_checkpoint=...)` takes.
+    """
+    parser = HfArgumentParser((script_arguments_class, RLCaptionConfig))
+    if defaults:
+        parser.set_defaults(**defaults)
+    argv = sys.argv[1:] if argv is None else argv
+    script_args, training_args = parser.parse_args_into_dataclasses(args=_normalise_resume_flag(argv))
+    training_args.resume_from_checkpoint = resolve_resume_from_checkpoint(
+        training_args.resume_from_checkpoint,
+        training_args.output_dir,
+        overwrite_output_dir=getattr(script_args, "overwrite_output_dir", False),
+    )
+    return script_args, training_args
+
+
+def resolve_resume_from_checkpoint(value: str | bool | None, output_dir: str, overwrite_output_dir: bool = False):
+    """
+    Where a recipe's training resumes from, decided before any data is loaded so that a wrong value fails at once.
+
+    Args:
+        value: `--resume_from_checkpoint` as given: a checkpoint folder; `true` (or no value) for the newest complete
+            checkpoint of `output_dir`; `false` to start afresh; `None` (not given) to resume automatically when
+            `output_dir` has a complete checkpoint, as a relaunched job expects, unless `overwrite_output_dir`.
+        output_dir: the run's `--output_dir`.
+
+    Returns:
+        A checkpoint folder, or `None` to start from the beginning.
+
+    Raises:
+        `FileNotFoundError`: a named folder that does not exist, or `true` with no complete checkpoint to resume from.
+    """
+    if isinstance(value, bool):
+        value = str(value)
+    if value is None:
+        if overwrite_output_dir:
+            return None
+        checkpoint = last_complete_checkpoint(output_dir)
+        if checkpoint is not None:
+            print(
+                f"Resuming from {checkpoint}, the newest complete checkpoint in --output_dir {output_dir}; pass "
+                "--overwrite_output_dir to start again, or --resume_from_checkpoint <folder> to pick another."
+            )
+        return checkpoint
+    if value.lower() in _FALSE_WORDS:
+        return None
+    if value.lower() in _TRUE_WORDS:
+        checkpoint = last_complete_checkpoint(output_dir)
+        if checkpoint is None:
+            raise FileNotFoundError(
+                f"--resume_from_checkpoint {value}: --output_dir {output_dir} has no complete checkpoint-<step> "
+                "folder to resume from. Check --output_dir, or drop the flag to start a new run."
+            )
+        return checkpoint
+    if not os.path.isdir(value):
+        raise FileNotFoundError(
+            f"--resume_from_checkpoint {value}: no such checkpoint folder. Name a checkpoint-<step> folder of an "
+            f"earlier run, or pass `true` for the newest one in --output_dir."
+        )
+    return value
+
+
+def check_pretrained_reference(name_or_path: str, option: str = "--model_name_or_path") -> None:
+    """
+    Fails at once, naming `option`, when `name_or_path` is meant as a local folder but is not one: it starts with
+    `.`, `/` or `~`, has more than one `/`, or its first part is a local folder (`runs/xe` when `runs/` exists). A Hub
+    id (`org/name`) is left to `from_pretrained`. Without this, a mistyped path would be tried as a Hub id, and fail
+    later with a network error that does not name the typo.
+    """
+    if os.path.isdir(name_or_path):
+        return
+    parts = name_or_path.split("/")
+    looks_local = (
+        name_or_path.startswith((".", "/", "~"))
+        or len(parts) > 2
+        or os.path.isfile(name_or_path)
+        or (len(parts) == 2 and os.path.isdir(parts[0]))
+    )
+    if looks_local:
+        raise FileNotFoundError(
+            f"{option} {name_or_path}: no such folder. Give a folder written by `save_pretrained` (a model with its "
+            "config and processor) or a Hub id such as `org/name`."
+        )
+
+
+def load_pretrained_captioner(name_or_path: str, **kwargs: Any):
+    """
+    The captioner a recipe starts from and its processor, by folder or Hub id: a `ShowTellRL` checkpoint of ours or
+    any transformers captioner the trainer supports (VisionEncoderDecoder, BLIP, GIT), each with its own processor.
+
+    Returns:
+        `(model, processor)`.
+    """
+    check_pretrained_reference(name_or_path)
+    processor = AutoProcessor.from_pretrained(name_or_path, **kwargs)
+    model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+    return model, processor
+
+
+def load_recipe_dataset(script_args: RecipeArguments):
+    """The dataset of `--dataset`, with the shapes options when it is the embedded shapes dataset."""
+    image_checks = {
+        "verify_images": script_args.verify_images,
+        "skip_unreadable_images": script_args.skip_unreadable_images,
+    }
+    if script_args.dataset != "shapes":
+        return load_caption_dataset(script_args.dataset, **image_checks)
+    return load_caption_dataset(
+        "shapes",
+        num_train=script_args.num_train_images,
+        num_validation=script_args.num_validation_images,
+        num_test=script_args.num_test_images,
+        image_size=script_args.image_size,
+        seed=script_args.shapes_seed,
+    )
+
+
+def new_show_tell_rl(
+    processor: CaptionProcessor,
+    image_size: int,
+    cnn_channels: Sequence[int],
+    hidden_size: int,
+    image_attention: bool = True,
+    dropout: float = 0.2,
+    max_caption_length: int = 20,
+) -> ShowTellRL:
+    """A randomly initialised `ShowTellRL` with a CNN encoder, over the vocabulary of `processor`."""
+    tokenizer = processor.tokenizer
+    config = ShowTellRLConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        word_embedding_size=hidden_size,
+        encoder_type="cnn",
+        image_size=image_size,
+        cnn_channels=list(cnn_channels),
+        image_attention=image_attention,
+        dropout=dropout,
+        max_caption_length=max_caption_length,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return ShowTellRL(config)
+
+
+def pretrain_on_scenes(
+    model: ShowTellRL, processor, train_split, num_steps: int, freeze: bool, seed: int = 0
+) -> dict[str, float] | None:
+    """
+    Pretrains `model`'s CNN encoder on the scene annotations of `train_split` (when it has them and `num_steps` > 0),
+    then freezes it when `freeze`, which the saved config remembers.
+
+    Returns:
+        The encoder's cell accuracies, or `None` when there was nothing to pretrain on.
+    """
+    if num_steps <= 0 or "scene" not in train_split.column_names:
+        return None
+    accuracies = pretrain_image_encoder_on_scenes(model.image_encoder, processor, train_split, num_steps, seed=seed)
+    model.freeze_image_encoder(freeze)
+    return accuracies
+
+
+def recipe_model_card(
+    model,
+    training_args: RLCaptionConfig,
+    script_args: RecipeArguments,
+    scores: Mapping[str, float],
+    num_test_images: int,
+    model_summary: str,
+    recipe: str,
+    training_settings: Mapping[str, object],
+    tags: Sequence[str] = (),
+):
+    """
+    The model card of a recipe's output folder: the method's own summary and settings, and what every recipe says
+    alike (how the test split was decoded and scored, the dataset's limitations).
+    """
+    repo_id = training_args.hub_model_id or os.path.basename(os.path.normpath(training_args.output_dir))
+    beams = training_args.eval_num_beams
+    decoding = "Greedy decoding" if beams == 1 else f"Beam search ({beams} beams)"
+    return render_model_card(
+        model,
+        repo_id=repo_id,
+        scores=scores,
+        dataset_type=script_args.dataset,
+        dataset_name=script_args.dataset,
+        model_summary=model_summary,
+        training_summary=f"Trained with `examples/{recipe}` of rlcaption (`RLCaptionTrainer`).",
+        training_settings={
+            **training_settings,
+            "batch size": training_args.per_device_train_batch_size,
+            "max caption length": training_args.max_caption_length,
+            "seed": training_args.seed,
+        },
+        evaluation_summary=(
+            f"{decoding}, at most {training_args.max_caption_length} tokens, on the {num_test_images} images of the "
+            f"`{script_args.dataset}` test split, scored by `RLCaptionTrainer.evaluate` with rlcaption's metrics "
+            "(equal to the COCO caption evaluation code's; CIDEr-D document frequencies from the test references)"
+            + (", the scene grounding metrics" if script_args.dataset == "shapes" else "")
+            + (f" and the evaluator CLIP `{training_args.eval_clip}`" if training_args.eval_clip else "")
+            + "."
+        ),
+        limitations=(
+            "Trained on synthetic scenes of coloured shapes (rlcaption's embedded `shapes` dataset): it describes "
+            "such images and nothing else. It shows the method and the library end to end; it is not a "
+            "general-purpose captioner."
+            if script_args.dataset == "shapes"
+            else "Inherits the biases of its training captions."
+        ),
+        tags=tags,
+    )
+
+
+def finish_recipe(
+    trainer,
+    processor,
+    dataset,
+    script_args: RecipeArguments,
+    model_card: Callable[[Mapping[str, float], int], Any],
+) -> dict[str, float] | None:
+    """
+    The end of every recipe: saves the model and its processor to `--output_dir`, scores the test split on every
+    process with `trainer.evaluate` (its `eval_metrics`, `eval_num_beams` and `eval_clip`), prints the scores, writes
+    `eval_results.json` and the model card `README.md` (`model_card(scores, num_test_images)`), and publishes the
+    folder with `--push_to_hub`.
+
+    Returns:
+        The test scores without their `test_` prefix, or `None` when the dataset has no test split.
+
+    Raises:
+        `RuntimeError`: publishing failed; the saved folder is intact and the message says how to publish it later.
+    """
+    args = trainer.args
+    trainer.save_model(args.output_dir)
+    if trainer.is_world_process_zero():
+        processor.save_pretrained(args.output_dir)
+    scores = None
+    if "test" in dataset:
+        test_metrics = trainer.evaluate(dataset["test"], metric_key_prefix="test")
+        scores = {name.removeprefix("test_"): value for name, value in test_metrics.items()}
+        if trainer.is_world_process_zero():
+            print("test scores:", {name: round(value, 4) for name, value in scores.items()})
+            with open(os.path.join(args.output_dir, "eval_results.json"), "w", encoding="utf-8") as handle:
+                # a ratio with nothing to count (nan) is written as null: strict JSON has no NaN
+                json.dump(
+                    {"test": {name: None if value != value else value for name, value in scores.items()}},
+                    handle,
+                    indent=2,
+                )
+            card = model_card(scores, dataset["test"].num_rows)
+            card.save(os.path.join(args.output_dir, "README.md"))
+    if args.push_to_hub and trainer.is_world_process_zero():
+        repo_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
+        print(publish_folder(args.output_dir, repo_id, token=args.hub_token))
+    return scores

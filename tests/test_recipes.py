@@ -1,0 +1,152 @@
+"""The shared steps of the recipes: arguments, resuming, paths, publishing offline."""
+
+import importlib.util
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+
+from rlcaption.hub import publish_folder
+from rlcaption.recipes import check_pretrained_reference, parse_recipe_arguments, resolve_resume_from_checkpoint
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load_recipe(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_checkpoint(output_dir: Path, step: int, complete: bool = True) -> Path:
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    if complete:
+        (folder / "trainer_state.json").write_text("{}")
+    return folder
+
+
+# ------------------------------------------------------------------ resuming
+
+
+def test_an_unset_flag_resumes_from_the_newest_complete_checkpoint_unless_overwriting(tmp_path):
+    assert resolve_resume_from_checkpoint(None, str(tmp_path / "new")) is None
+    write_checkpoint(tmp_path, 2)
+    newest = write_checkpoint(tmp_path, 4)
+    write_checkpoint(tmp_path, 6, complete=False)  # a save killed midway is never resumed from
+    assert resolve_resume_from_checkpoint(None, str(tmp_path)) == str(newest)
+    assert resolve_resume_from_checkpoint(None, str(tmp_path), overwrite_output_dir=True) is None
+
+
+@pytest.mark.parametrize("value", ["true", "True", True, "last"])
+def test_true_resumes_from_the_newest_complete_checkpoint(tmp_path, value):
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        resolve_resume_from_checkpoint(value, str(tmp_path))
+    newest = write_checkpoint(tmp_path, 3)
+    assert resolve_resume_from_checkpoint(value, str(tmp_path)) == str(newest)
+
+
+def test_false_starts_afresh_and_a_missing_folder_fails_at_once(tmp_path):
+    write_checkpoint(tmp_path, 3)
+    assert resolve_resume_from_checkpoint("false", str(tmp_path)) is None
+    assert resolve_resume_from_checkpoint(False, str(tmp_path)) is None
+    with pytest.raises(FileNotFoundError, match="checkpoint-9: no such checkpoint folder"):
+        resolve_resume_from_checkpoint(str(tmp_path / "checkpoint-9"), str(tmp_path))
+    chosen = write_checkpoint(tmp_path / "elsewhere", 1)
+    assert resolve_resume_from_checkpoint(str(chosen), str(tmp_path)) == str(chosen)
+
+
+@pytest.mark.parametrize("after", [[], ["--use_cpu"]])
+def test_the_resume_flag_without_a_value_means_the_newest_checkpoint(tmp_path, after):
+    newest = write_checkpoint(tmp_path, 5)
+    recipe = load_recipe("train_scst")
+    _, training_args = parse_recipe_arguments(
+        recipe.ScriptArguments,
+        recipe.RECIPE_DEFAULTS,
+        ["--output_dir", str(tmp_path), "--resume_from_checkpoint", *after],
+    )
+    assert training_args.resume_from_checkpoint == str(newest)
+
+
+# ------------------------------------------------------------------ defaults and objectives
+
+
+def test_recipe_defaults_reach_the_training_arguments(tmp_path):
+    _, xe_args = parse_recipe_arguments(
+        load_recipe("train_xe").ScriptArguments,
+        load_recipe("train_xe").RECIPE_DEFAULTS,
+        ["--output_dir", str(tmp_path)],
+    )
+    assert (xe_args.objective, xe_args.learning_rate, xe_args.num_train_epochs) == ("xe", 2e-3, 6.0)
+    assert (xe_args.per_device_train_batch_size, xe_args.eval_num_beams) == (32, 1)
+    scst = load_recipe("train_scst")
+    script_args, scst_args = parse_recipe_arguments(scst.ScriptArguments, scst.RECIPE_DEFAULTS, ["--output_dir", "x"])
+    assert (scst_args.objective, scst_args.reward_funcs, scst_args.learning_rate) == ("scst", ["cider"], 5e-4)
+    assert scst_args.num_samples_per_image == 5 and script_args.dataset == "shapes"
+    # a command-line value wins over the recipe's default
+    _, scst_args = parse_recipe_arguments(
+        scst.ScriptArguments, scst.RECIPE_DEFAULTS, ["--output_dir", "x", "--learning_rate", "1e-5"]
+    )
+    assert scst_args.learning_rate == 1e-5
+
+
+@pytest.mark.parametrize(("recipe", "objective"), [("train_xe", "scst"), ("train_scst", "xe"), ("train_spider", "xe")])
+def test_a_recipe_refuses_another_objective_instead_of_replacing_it(tmp_path, recipe, objective):
+    with pytest.raises(ValueError, match=f"--objective {objective} belongs to another recipe"):
+        load_recipe(recipe).main(["--output_dir", str(tmp_path), "--objective", objective, "--reward_funcs", "cider"])
+
+
+# ------------------------------------------------------------------ paths
+
+
+def test_a_mistyped_local_path_fails_at_once_naming_the_option(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "xe").mkdir(parents=True)
+    check_pretrained_reference("runs/xe")  # a folder
+    check_pretrained_reference("org/name")  # a Hub id: from_pretrained's to resolve
+    for typo in ("runs/xee", "./runs/xe2", "/nowhere/xe", "runs/xe/checkpoint-7"):
+        with pytest.raises(FileNotFoundError, match=f"--model_name_or_path {typo}: no such folder"):
+            check_pretrained_reference(typo)
+
+
+def test_the_scst_recipe_names_a_mistyped_start_before_loading_any_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(FileNotFoundError, match="checkpoints/show-tell-rl-shapes-xee: no such folder"):
+        load_recipe("train_scst").main(
+            ["--output_dir", "out", "--model_name_or_path", "checkpoints/show-tell-rl-shapes-xee"]
+        )
+
+
+# ------------------------------------------------------------------ publishing without a network
+
+
+def test_publishing_offline_says_the_saved_folder_is_intact(tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(RuntimeError, match="is intact"):
+        publish_folder(tmp_path, "org/model")
+    assert (tmp_path / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_push_to_hub_offline_fails_before_training(tmp_path, monkeypatch, tiny_show_tell):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    model, processor, shapes = tiny_show_tell
+    args = RLCaptionConfig(output_dir=str(tmp_path), push_to_hub=True, hub_model_id="org/model", use_cpu=True)
+    with pytest.raises(RuntimeError, match="Nothing was trained yet"):
+        RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=shapes["train"])
+
+
+@pytest.fixture
+def tiny_show_tell():
+    from rlcaption.data import load_shapes
+    from rlcaption.processing import CaptionProcessor
+    from rlcaption.recipes import new_show_tell_rl
+
+    shapes = load_shapes(num_train=8, num_validation=2, num_test=2, image_size=48)
+    captions = [caption for row in shapes["train"]["captions"] for caption in row]
+    processor = CaptionProcessor.from_captions(captions, image_size=48)
+    return new_show_tell_rl(processor, 48, [4, 8], 8), processor, shapes

@@ -1,9 +1,13 @@
+import json
+
 import pytest
 import torch
 from PIL import Image
 
 from rlcaption.cli import main
+from rlcaption.data import load_shapes
 from rlcaption.decoding import generate_captions
+from rlcaption.evaluation import caption_set_scores, caption_sets
 from rlcaption.processing import CaptionProcessor
 from tiny_captioners import make_show_tell
 
@@ -53,3 +57,17 @@ def test_saved_model_generates_identically_after_reload(saved_model):
     first = generate_captions(model, processor, {"pixel_values": pixel_values}, num_beams=2, max_length=10)
     second = generate_captions(reloaded, processor, {"pixel_values": pixel_values}, num_beams=2, max_length=10)
     assert torch.equal(first.sequences, second.sequences)
+
+
+def test_evaluate_command_scores_caption_sets_as_the_library_does(saved_model, tmp_path, capsys):
+    folder, model, processor = saved_model
+    shapes = load_shapes(num_train=4, num_validation=2, num_test=4, image_size=48, seed=2)
+    shapes.save_to_disk(tmp_path / "shapes")
+    arguments = ["evaluate", "--model", str(folder), "--dataset", str(tmp_path / "shapes"), "--metrics", "cider"]
+    assert main([*arguments, "--caption-sets", "sample", "beam", "--set-size", "3", "--max-length", "8"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    for decoding in ("sample", "beam"):
+        sets, references = caption_sets(model, processor, shapes["test"], decoding, set_size=3, max_new_tokens=7)
+        expected = caption_set_scores(sets, references, shapes["test"])
+        assert {name: printed[f"{decoding}3_{name}"] for name in expected} == pytest.approx(expected, nan_ok=True)
+    assert "CIDEr" in printed and "sample3_object_f1" in printed

@@ -87,3 +87,18 @@ def test_a_custom_template_is_filled(tmp_path):
 def test_publish_folder_needs_a_saved_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         publish_folder(tmp_path, "org/name")
+
+
+def test_trainer_evaluation_and_caption_set_scores_reach_the_card(tmp_path):
+    scores = {**SCORES, "loss": 2.5, "num_images": 500.0, "runtime": 3.0, "Div-2": 0.4, "CLIP-S": 2.04,
+              "t2i_R@1": 0.538, "sample5_CIDEr": 1.9, "beam5_Div-2": 0.31, "sample5_object_f1": 0.8}  # fmt: skip
+    render(scores=scores).save(tmp_path / "README.md")
+    values = {
+        result.metric_name: result.metric_value for result in ModelCard.load(tmp_path / "README.md").data.eval_results
+    }
+    assert values["Div-2"] == 0.4 and values["Text-to-image R@1 (evaluator CLIP)"] == 0.538
+    assert values["CIDEr-D, 5 samples per image"] == 1.9 and values["Div-2, beam-5 top 5 per image"] == 0.31
+    assert values["Object F1 (colour+shape), 5 samples per image"] == 0.8
+    assert 2.5 not in values.values() and 500.0 not in values.values()
+    with pytest.raises(ValueError, match="sample5_BLEU"):
+        caption_eval_results({"sample5_BLEU": 1.0}, dataset_type="shapes", dataset_name="shapes")

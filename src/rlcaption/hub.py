@@ -9,6 +9,7 @@ scores also go into the card's metadata as `EvalResult`s (`model-index`), so the
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -95,15 +96,31 @@ _QUALIFYING_KEYS = (
 )
 
 
+# Scores of several captions per image (`rlcaption.evaluation.caption_set_scores`), keyed `sample5_CIDEr`, ...
+_CAPTION_SET_KEY = re.compile(r"^(sample|beam)(\d+)_(CIDEr|Div-1|Div-2|mBLEU-4|object_f1|parse_failure_share)$")
+
+
+def _caption_set_metric(key: str) -> tuple[str, str] | None:
+    match = _CAPTION_SET_KEY.match(key)
+    if match is None:
+        return None
+    decoding, size, name = match.groups()
+    metric_type, display_name = _REPORTED_METRICS[name]
+    drawn = f"{size} samples" if decoding == "sample" else f"beam-{size} top {size}"
+    return metric_type, f"{display_name}, {drawn} per image"
+
+
 def _metric_names(scores: Mapping[str, float]) -> dict[str, tuple[str, str]]:
-    unknown = sorted(set(scores) - set(_REPORTED_METRICS) - set(_QUALIFYING_KEYS))
+    names = {key: name for key, name in _REPORTED_METRICS.items() if key in scores}
+    names.update({key: name for key in scores if (name := _caption_set_metric(key)) is not None})
+    unknown = sorted(set(scores) - set(names) - set(_QUALIFYING_KEYS))
     if unknown:
         raise ValueError(
             f"Unknown caption metric keys {unknown}; expected keys of `evaluate_captions` or `scene_grounding` "
             f"results: {list(_REPORTED_METRICS)}."
         )
     # a ratio with nothing to count (nan: e.g. no relation stated) is not a result
-    return {key: name for key, name in _REPORTED_METRICS.items() if key in scores and scores[key] == scores[key]}
+    return {key: name for key, name in names.items() if scores[key] == scores[key]}
 
 
 def caption_eval_results(

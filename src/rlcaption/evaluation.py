@@ -20,6 +20,7 @@ __all__ = [
     "CAPTION_SET_DECODINGS",
     "caption_batches",
     "caption_dataset",
+    "caption_set_batches",
     "caption_set_generation_config",
     "caption_set_prefix",
     "caption_set_scores",
@@ -255,6 +256,37 @@ def caption_set_generation_config(decoding: str, set_size: int, max_new_tokens: 
 
 
 @torch.no_grad()
+def caption_set_batches(
+    model: nn.Module,
+    processor: Any,
+    batches: Iterable[Mapping[str, Any]],
+    decoding: str = "sample",
+    set_size: int = 5,
+    max_new_tokens: int = 20,
+    seed: int = 0,
+) -> list[tuple[Any, list[str], list[str]]]:
+    """
+    `set_size` captions of every image of collated `batches` ([`caption_set_generation_config`]), the model's own
+    generation settings ignored. Sampling draws from the random state seeded with `seed`, so that the sets are the
+    same at every call, and the caller's random state is left as it was.
+
+    Returns:
+        `(image_id, captions, references)` for every image, in order.
+    """
+    generation_config = caption_set_generation_config(decoding, set_size, max_new_tokens)
+    device = next(model.parameters()).device
+    captioned = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for batch in batches:
+            check_image_ids(batch)
+            image_inputs = {name: tensor.to(device) for name, tensor in image_inputs_of(batch).items()}
+            texts = generate_captions(model, processor, image_inputs, generation_config).texts
+            for row, image_id in enumerate(batch["image_id"]):
+                captioned.append((image_id, texts[row * set_size : (row + 1) * set_size], batch["references"][row]))
+    return captioned
+
+
 def caption_sets(
     model: nn.Module,
     processor: Any,
@@ -266,32 +298,19 @@ def caption_sets(
     seed: int = 0,
 ) -> tuple[dict[Any, list[str]], dict[Any, list[str]]]:
     """
-    `set_size` captions of every image of `dataset` ([`caption_set_generation_config`]), the model's own generation
-    settings ignored. Sampling draws from a generator seeded with `seed`, so that the sets are the same at every call
-    and the caller's random state is left as it was.
+    `set_size` captions of every image of `dataset`, drawn as in [`caption_set_batches`].
 
     Returns:
         `(sets, references)` keyed by `image_id` (or row index), as [`caption_set_scores`] takes them.
     """
-    generation_config = caption_set_generation_config(decoding, set_size, max_new_tokens)
     loader = DataLoader(
         with_image_ids(dataset),
         batch_size=batch_size,
         collate_fn=CaptionCollator(processor, tokenize_references=False),
         shuffle=False,
     )
-    device = next(model.parameters()).device
-    sets, references = {}, {}
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        for batch in loader:
-            check_image_ids(batch)
-            image_inputs = {name: tensor.to(device) for name, tensor in image_inputs_of(batch).items()}
-            texts = generate_captions(model, processor, image_inputs, generation_config).texts
-            for row, image_id in enumerate(batch["image_id"]):
-                sets[image_id] = texts[row * set_size : (row + 1) * set_size]
-                references[image_id] = batch["references"][row]
-    return sets, references
+    captioned = caption_set_batches(model, processor, loader, decoding, set_size, max_new_tokens, seed)
+    return {key: texts for key, texts, _ in captioned}, {key: references for key, _, references in captioned}
 
 
 def caption_set_scores(

@@ -13,8 +13,10 @@ from transformers import GenerationConfig
 
 from rlcaption.data import CaptionCollator
 from rlcaption.decoding import generate_captions
+from rlcaption.evaluation import caption_set_scores, caption_sets
 from rlcaption.metrics import clip_retrieval, clip_score, load_clip, self_bleu, set_diversity
 from rlcaption.metrics.tokenization import normalize_caption
+from rlcaption.trainer import RLCaptionConfig
 from tiny_clips import make_shapes_clip
 
 DIVERSITY = ["div_1", "div_2", "mbleu_4", "self_bleu", "distinct_captions"]
@@ -59,6 +61,30 @@ def test_evaluation_reports_the_diversity_metrics(tiny_model, tiny_processor, ti
     assert metrics["eval_Self-BLEU"] == pytest.approx(self_bleu(best, normalize=True))
     assert metrics["eval_distinct_captions"] == len({normalize_caption(caption) for caption in best})
     assert "eval_CIDEr" in metrics and "eval_Bleu_4" not in metrics
+
+
+def test_evaluation_scores_caption_sets_as_seed_002s_table_4(tiny_model, tiny_processor, tiny_shapes, tmp_path):
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe", eval_caption_sets=["sample", "beam"],
+        eval_caption_set_size=3, per_device_eval_batch_size=3, seed=11,
+    )  # fmt: skip
+    metrics = trainer.evaluate()
+    split = tiny_shapes["validation"]
+    for decoding in ("sample", "beam"):
+        sets, references = caption_sets(
+            tiny_model, tiny_processor, split, decoding, set_size=3, max_new_tokens=trainer.args.max_caption_length,
+            batch_size=3, seed=11,
+        )  # fmt: skip
+        expected = caption_set_scores(sets, references, split)
+        assert {name: metrics[f"eval_{decoding}3_{name}"] for name in expected} == pytest.approx(expected, nan_ok=True)
+    # seeded: the next evaluation draws the same samples
+    assert trainer.evaluate()["eval_sample3_Div-2"] == metrics["eval_sample3_Div-2"]
+
+
+@pytest.mark.parametrize(("sets", "size", "message"), [(["greedy"], 5, "unknown decoding"), (["sample"], 1, ">= 2")])
+def test_caption_set_options_are_checked(sets, size, message):
+    with pytest.raises(ValueError, match=message):
+        RLCaptionConfig(output_dir="unused", eval_caption_sets=sets, eval_caption_set_size=size)
 
 
 def test_an_evaluator_clip_adds_clip_s_and_retrieval_recall(tiny_model, tiny_processor, tiny_shapes, tmp_path):

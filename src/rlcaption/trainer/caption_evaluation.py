@@ -22,7 +22,16 @@ from transformers.trainer_utils import PredictionOutput
 
 from ..data.collator import CaptionCollator
 from ..decoding import caption_logits, evaluation_mode, generate_captions, image_inputs_of
-from ..evaluation import check_image_ids, clip_scores, diversity_scores, scene_grounding_scores, with_image_ids
+from ..evaluation import (
+    caption_set_batches,
+    caption_set_prefix,
+    caption_set_scores,
+    check_image_ids,
+    clip_scores,
+    diversity_scores,
+    scene_grounding_scores,
+    with_image_ids,
+)
 from ..metrics import check_java, check_spice, evaluate_captions, load_clip
 from ..metrics.evaluation import resolve_metric_names
 from ..objectives.xe import label_smoothed_cross_entropy
@@ -89,7 +98,9 @@ class CaptionEvaluationMixin:
         `f"{metric_key_prefix}_{name}"`: `loss` (the teacher-forced cross-entropy of the references, as the `xe`
         objective computes it), the `args.eval_metrics` (caption and diversity metrics), the scene grounding metrics
         (`object_f1`, ...) when the split has a `scene` column, CLIP-S and retrieval recall with `args.eval_clip`,
-        and `num_images`. A dict of splits is evaluated split by split, each prefixed with its name.
+        the scores of `args.eval_caption_sets` (several captions per image, seed 002's Table 4: `sample5_CIDEr`,
+        `beam5_Div-2`, ...) and `num_images`. A dict of splits is evaluated split by split, each prefixed with its
+        name.
         """
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
@@ -158,6 +169,11 @@ class CaptionEvaluationMixin:
         scores.update(scene_grounding_scores(split.captions, dataset))
         if self._eval_clip is not None:
             scores.update(clip_scores(split.captions, dataset, self._eval_clip))
+        for decoding in self.args.eval_caption_sets:
+            sets, references = self._caption_sets(dataloader, decoding)
+            set_scores = caption_set_scores(sets, references, dataset)
+            set_prefix = caption_set_prefix(decoding, self.args.eval_caption_set_size)
+            scores.update({set_prefix + name: value for name, value in set_scores.items()})
         metrics = {} if split.loss is None else {f"{prefix}_loss": split.loss}
         metrics.update({f"{prefix}_{name}": float(value) for name, value in scores.items()})
         metrics[f"{prefix}_num_images"] = float(len(split.captions))
@@ -198,6 +214,21 @@ class CaptionEvaluationMixin:
             references={key: references for key, _, references, _ in unique.values()},
             loss=sum(total for total, _ in losses) / sum(count for _, count in losses) if losses else None,
         )
+
+    def _caption_sets(self, dataloader, decoding: str) -> tuple[dict[Any, list[str]], dict[Any, list[str]]]:
+        """`args.eval_caption_set_size` captions of every image, sharded over processes, then gathered."""
+        records = caption_set_batches(
+            self._generation_model(), self.processing_class, dataloader, decoding,
+            set_size=self.args.eval_caption_set_size, max_new_tokens=self.args.max_caption_length,
+            seed=self.args.seed + self.accelerator.process_index,
+        )  # fmt: skip
+        if self.accelerator.num_processes > 1:
+            records = gather_object(records)
+        sets, references = {}, {}
+        for image_id, captions, image_references in records:  # padded repeats of uneven splits: the first counts
+            sets.setdefault(image_id, captions)
+            references.setdefault(image_id, image_references)
+        return sets, references
 
     @torch.no_grad()
     def _reference_losses(self, model: nn.Module, batch: Mapping[str, Any]) -> list[tuple[float, int]]:

@@ -146,6 +146,18 @@ class RLCaptionConfig(TrainingArguments):
             "do not use, or RL will have learned to please the judge."
         },
     )
+    eval_caption_sets: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Also caption every evaluation image `eval_caption_set_size` times, by random sampling (`sample`) "
+            "and/or as the top of a beam search of that width (`beam`), and score each set as seed 002's Table 4 "
+            "does: mean CIDEr-D, Div-1, Div-2, mBLEU-4 and, with scenes, object F1, logged as `eval_sample5_CIDEr`, "
+            "`eval_beam5_Div-2`, ... Sampling is seeded with `seed`, so every evaluation draws alike."
+        },
+    )
+    eval_caption_set_size: int = field(
+        default=5, metadata={"help": "Captions per image of each `eval_caption_sets` set (5 in seed 002)."}
+    )
 
     # > Logging
     log_completions: bool = field(
@@ -266,6 +278,16 @@ class RLCaptionConfig(TrainingArguments):
                     f"eval_metrics names {name!r}, which compares the beams of each image: it needs eval_num_beams "
                     f">= 2, got eval_num_beams={self.eval_num_beams}."
                 )
+        if isinstance(self.eval_caption_sets, str):
+            self.eval_caption_sets = [self.eval_caption_sets]
+        unknown_sets = [name for name in self.eval_caption_sets if name not in ("sample", "beam")]
+        if unknown_sets:
+            raise ValueError(f"eval_caption_sets: unknown decoding {unknown_sets[0]!r}; choose among sample, beam.")
+        if self.eval_caption_sets and self.eval_caption_set_size < 2:
+            raise ValueError(
+                f"eval_caption_set_size must be >= 2 to measure the diversity of a set, got "
+                f"{self.eval_caption_set_size}."
+            )
         if self.eval_clip is not None and not self.eval_clip:
             raise ValueError("eval_clip='' names no CLIP: give a folder or Hub id, or None for no CLIP metrics.")
         if self.num_completions_to_print < 1:

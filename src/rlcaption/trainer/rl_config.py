@@ -107,8 +107,8 @@ class RLCaptionConfig(TrainingArguments):
             "help": "Most tokens of a caption after its start token, the end token included: the `max_new_tokens` of "
             "sampling, greedy and beam-search decoding. References are cut to as many tokens (`max_caption_length "
             "- 1` words and the end token) for teacher forcing, so that XE never trains a caption longer than "
-            "decoding can produce. A model config that counts the start token too (`ShowTellRLConfig."
-            "max_caption_length`, the `max_length` of `generate`) matches with this value + 1."
+            "decoding can produce. `ShowTellRLConfig.max_caption_length` counts alike; `generate`'s `max_length` "
+            "counts the start token too, so it is this value + 1."
         },
     )
     loss_normalization: str = field(

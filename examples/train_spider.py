@@ -23,12 +23,13 @@ from rlcaption.metrics.spice import check_spice
 from rlcaption.processing import CaptionProcessor
 from rlcaption.recipes import (
     RecipeArguments,
-    finish_recipe,
     load_pretrained_captioner,
     load_recipe_dataset,
     new_show_tell_rl,
     parse_recipe_arguments,
     recipe_model_card,
+    reward_description,
+    train_and_finish,
 )
 from rlcaption.trainer import RLCaptionTrainer
 
@@ -102,10 +103,7 @@ def _warm_start(script_args, training_args, dataset):
 
 
 def _model_card(model, training_args, script_args, scores, num_test_images):
-    weights = training_args.reward_weights or [1.0] * len(training_args.reward_funcs)
-    rewards = " + ".join(
-        f"{weight:g}·{name}" for name, weight in zip(training_args.reward_funcs, weights, strict=True)
-    )
+    rewards = reward_description(training_args)
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
@@ -153,19 +151,7 @@ def main(argv=None):
     else:
         model, processor = _warm_start(script_args, training_args, dataset)
 
-    trainer = RLCaptionTrainer(
-        model=model,
-        args=training_args,
-        processing_class=processor,
-        train_dataset=dataset["train"],
-        eval_dataset=dataset.get("validation"),
-    )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-
-    def model_card(scores, num_test_images):
-        return _model_card(model, training_args, script_args, scores, num_test_images)
-
-    finish_recipe(trainer, processor, dataset, script_args, model_card)
+    train_and_finish(model, processor, dataset, script_args, training_args, _model_card)
 
 
 if __name__ == "__main__":

@@ -15,19 +15,19 @@ folder gets the model, its processor, a model card and `eval_results.json`.
 `--resume_from_checkpoint <folder>` picks one); `--push_to_hub --hub_model_id org/name` publishes the folder.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 from rlcaption.processing import CaptionProcessor
 from rlcaption.recipes import (
     RecipeArguments,
-    finish_recipe,
     load_recipe_dataset,
     new_show_tell_rl,
     parse_recipe_arguments,
     pretrain_on_scenes,
     recipe_model_card,
+    train_and_finish,
 )
-from rlcaption.trainer import RLCaptionTrainer
 
 # The recipe's own defaults: the Trainer's 5e-5 is far too low for a captioner trained from scratch; the published
 # warm start is scored with greedy decoding.
@@ -63,7 +63,7 @@ def _pretrains_on_scenes(script_args, train_split) -> bool:
     return script_args.scene_pretraining_steps > 0 and "scene" in train_split.column_names
 
 
-def _model_card(model, training_args, script_args, pretrained, accuracies, scores, num_test_images):
+def _model_card(model, training_args, script_args, scores, num_test_images, pretrained, accuracies):
     encoder = f"CNN {script_args.cnn_channels} at {script_args.image_size} px"
     if pretrained:
         encoder += f", pretrained {script_args.scene_pretraining_steps} steps on the scene annotations"
@@ -123,19 +123,8 @@ def main(argv=None):
         # the checkpoint holds the pretrained encoder; it must be frozen as it was, before the optimizer is built
         model.freeze_image_encoder(script_args.freeze_image_encoder)
 
-    trainer = RLCaptionTrainer(
-        model=model,
-        args=training_args,
-        processing_class=processor,
-        train_dataset=dataset["train"],
-        eval_dataset=dataset.get("validation"),
-    )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-
-    def model_card(scores, num_test_images):
-        return _model_card(model, training_args, script_args, pretrained, accuracies, scores, num_test_images)
-
-    finish_recipe(trainer, processor, dataset, script_args, model_card)
+    model_card = functools.partial(_model_card, pretrained=pretrained, accuracies=accuracies)
+    train_and_finish(model, processor, dataset, script_args, training_args, model_card)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from .hub import publish_folder, render_model_card
 from .models import ShowTellRL, ShowTellRLConfig
 from .processing import CaptionProcessor
 from .scene_pretraining import pretrain_image_encoder_on_scenes
-from .trainer import RLCaptionConfig
+from .trainer import RLCaptionConfig, RLCaptionTrainer
 from .trainer.rl_trainer import last_complete_checkpoint
 
 __all__ = [
@@ -39,6 +39,8 @@ __all__ = [
     "pretrain_on_scenes",
     "recipe_model_card",
     "resolve_resume_from_checkpoint",
+    "reward_description",
+    "train_and_finish",
 ]
 
 _TRUE_WORDS = ("true", "yes", "1", "last", "auto")
@@ -248,6 +250,12 @@ def pretrain_on_scenes(
     return accuracies
 
 
+def reward_description(training_args: RLCaptionConfig) -> str:
+    """The reward of a run as a card states it: `1·cider + 0.5·bleu`."""
+    weights = training_args.reward_weights or [1.0] * len(training_args.reward_funcs)
+    return " + ".join(f"{weight:g}·{name}" for name, weight in zip(training_args.reward_funcs, weights, strict=True))
+
+
 def recipe_model_card(
     model,
     training_args: RLCaptionConfig,
@@ -341,3 +349,32 @@ def finish_recipe(
         repo_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
         print(publish_folder(args.output_dir, repo_id, token=args.hub_token))
     return scores
+
+
+def train_and_finish(
+    model,
+    processor,
+    dataset,
+    script_args: RecipeArguments,
+    training_args: RLCaptionConfig,
+    model_card: Callable[..., Any],
+) -> RLCaptionTrainer:
+    """
+    The body of a recipe once its model is built: trains `model` on the train split with [`RLCaptionTrainer`]
+    (validation split for the evaluations during training, resuming as `training_args.resume_from_checkpoint` says),
+    then [`finish_recipe`] with the card `model_card(model, training_args, script_args, scores, num_test_images)`.
+    """
+    trainer = RLCaptionTrainer(
+        model=model,
+        args=training_args,
+        processing_class=processor,
+        train_dataset=dataset["train"],
+        eval_dataset=dataset.get("validation"),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+
+    def card(scores: Mapping[str, float], num_test_images: int):
+        return model_card(model, training_args, script_args, scores, num_test_images)
+
+    finish_recipe(trainer, processor, dataset, script_args, card)
+    return trainer

@@ -38,6 +38,7 @@ __all__ = [
     "image_inputs_of",
     "repeat_image_inputs",
     "sample_token_log_probs",
+    "sample_token_log_probs_and_entropies",
     "selective_log_softmax",
     "token_log_probs",
 ]
@@ -223,3 +224,27 @@ def sample_token_log_probs(
     """
     with evaluation_mode(model):
         return token_log_probs(model, image_inputs, sequences, image_index=image_index)
+
+
+def sample_token_log_probs_and_entropies(
+    model: nn.Module,
+    image_inputs: Mapping[str, torch.Tensor],
+    sequences: torch.LongTensor,
+    image_index: torch.LongTensor | None = None,
+) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+    """
+    [`sample_token_log_probs`] and, from the same forward pass, the entropy of the model's whole next-token
+    distribution at every prefix of the captions (for a maximum-entropy bonus), both in float32 with gradients.
+
+    Returns:
+        `tuple[torch.FloatTensor, torch.FloatTensor]`: the log-probabilities of the sampled tokens and the entropies
+        `-sum_w p(w | prefix) log p(w | prefix)`, each of shape `(N, T - 1)`; mask them with [`caption_token_mask`].
+    """
+    with evaluation_mode(model):
+        logits = caption_logits(model, image_inputs, sequences, image_index=image_index)  # (N, T-1, V)
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
+    sampled = log_probs.gather(-1, sequences[:, 1:].to(logits.device).unsqueeze(-1)).squeeze(-1)  # (N, T-1)
+    # words a model rules out (logit -inf) add 0 to the entropy; without the masking 0 * -inf would be NaN
+    finite_log_probs = log_probs.masked_fill(torch.isneginf(log_probs), 0.0)
+    entropies = -(log_probs.exp() * finite_log_probs).sum(dim=-1)  # (N, T-1)
+    return sampled, entropies

@@ -2,10 +2,19 @@ import itertools
 import math
 import random
 
+import numpy as np
 import pytest
 
 from rlcaption.metrics.bleu import compute_bleu
-from rlcaption.metrics.diversity import copy_rate, div_n, mbleu, self_bleu, set_diversity, vocabulary_size
+from rlcaption.metrics.diversity import (
+    copy_rate,
+    div_n,
+    mbleu,
+    pairwise_caption_distances,
+    self_bleu,
+    set_diversity,
+    vocabulary_size,
+)
 
 # BLEU-4 of "a b c d e" against "a b c d f" (and back), by hand: clipped precisions 4/5, 3/4, 2/3, 1/2, equal lengths.
 BLEU4_ONE_WORD_CHANGED = (4 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** (1 / 4)
@@ -122,3 +131,71 @@ def test_copy_rate():
     assert copy_rate(["a dog  runs", "A dog runs"], ["a dog runs"]) == pytest.approx(1 / 2)
     with pytest.raises(ValueError, match="at least one generated caption"):
         copy_rate([], training)
+
+
+def test_pairwise_bleu_distance_by_hand_on_two_captions():
+    distances = pairwise_caption_distances(["a b c d", "a b c d e"], kind="bleu")
+    # "a b c d" against "a b c d e": every n-gram matches, brevity penalty exp(1 - 5/4)
+    shorter_against_longer = 1 - math.exp(1 - 5 / 4)
+    # "a b c d e" against "a b c d": precisions 4/5, 3/4, 2/3, 1/2, no penalty
+    longer_against_shorter = 1 - ((4 / 5 * 3 / 4 * 2 / 3) ** (1 / 3) + (4 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** (1 / 4)) / 2
+    expected = [[0.0, shorter_against_longer], [longer_against_shorter, 0.0]]
+    assert distances.shape == (2, 2)
+    assert distances == pytest.approx(np.array(expected), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "captions",
+    [
+        ["a man riding a horse", "a man on a horse on the beach", "a horse and a rider", "a man on a horse"],
+        ["a a a a", "a a", "a", ""],  # clipping of repeated words, captions without 3- or 4-grams, an empty one
+        ["red square left of blue circle", "red square left of blue circle", "a b c d e f g h i j k l"],
+    ],
+)
+def test_pairwise_bleu_distance_equals_a_loop_over_pycocoevalcap(captions):
+    bleu_scorer = pytest.importorskip("pycocoevalcap.bleu.bleu_scorer", reason="pycocoevalcap is the reference BLEU")
+    expected = np.empty((len(captions), len(captions)))
+    for j, candidate in enumerate(captions):
+        for k, reference in enumerate(captions):
+            scorer = bleu_scorer.BleuScorer(n=4)
+            scorer += (candidate, [reference])
+            _, per_sentence = scorer.compute_score(option="closest")
+            expected[j, k] = 1 - (per_sentence[2][0] + per_sentence[3][0]) / 2
+    assert pairwise_caption_distances(captions, kind="bleu") == pytest.approx(expected, abs=1e-12)
+
+
+def _word_edit_distance(first: list[str], second: list[str]) -> int:
+    previous = list(range(len(second) + 1))
+    for i, word in enumerate(first, start=1):
+        current = [i]
+        for j, other in enumerate(second, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != other)))
+        previous = current
+    return previous[-1]
+
+
+def test_pairwise_edit_distance_by_hand():
+    distances = pairwise_caption_distances(["a dog runs", "a big dog", "", ""], kind="edit")
+    # "a dog runs" -> "a big dog": insert "big", delete "runs"; 2 edits over 3 words
+    assert distances[0, 1] == distances[1, 0] == pytest.approx(2 / 3)
+    assert distances[0, 2] == distances[2, 1] == 1.0  # everything against nothing
+    assert distances[2, 3] == 0.0  # two empty captions
+    assert np.diag(distances).tolist() == [0.0] * 4
+
+
+def test_pairwise_edit_distance_equals_a_plain_loop_on_random_captions():
+    rng = random.Random(0)
+    words = "a the dog cat on red sits".split()
+    for _ in range(20):
+        captions = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 9))) for _ in range(rng.randint(1, 6))]
+        tokenized = [caption.split() for caption in captions]
+        expected = [[_word_edit_distance(a, b) / max(len(a), len(b), 1) for b in tokenized] for a in tokenized]
+        assert pairwise_caption_distances(captions, kind="edit") == pytest.approx(np.array(expected), abs=1e-12)
+
+
+def test_pairwise_caption_distances_normalize_and_reject_bad_input():
+    assert pairwise_caption_distances(["A dog.", "a dog"], kind="edit", normalize=True)[0, 1] == 0.0
+    with pytest.raises(ValueError, match="Unknown caption distance kind='cosine'"):
+        pairwise_caption_distances(["a", "b"], kind="cosine")
+    with pytest.raises(ValueError, match="at least one caption"):
+        pairwise_caption_distances([])

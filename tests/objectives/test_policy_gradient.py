@@ -1,10 +1,26 @@
+import math
+
 import pytest
 import torch
+from torch import nn
 
-from rlcaption.decoding import caption_token_mask
+from rlcaption import decoding
+from rlcaption.data import load_shapes
+from rlcaption.decoding import (
+    caption_logits,
+    caption_token_mask,
+    sample_token_log_probs,
+    sample_token_log_probs_and_entropies,
+    selective_log_softmax,
+)
 from rlcaption.objectives import policy_gradient_loss
+from rlcaption.objectives.scst import greedy_caption_rewards, mean_token_entropy
+from rlcaption.processing import CaptionProcessor
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+from tiny_captioners import make_show_tell
 
 BOS, EOS, PAD = 1, 2, 0
+IMAGE_SIZE = 48
 
 
 def test_caption_token_mask_stops_after_first_end_token():
@@ -61,3 +77,125 @@ def test_minus_infinite_log_probabilities_of_padding_are_ignored():
     loss.backward()
     assert loss.item() == pytest.approx(2.0)
     assert torch.isfinite(log_probs.grad).all()
+
+
+# ---------------------------------------------------------------- maximum-entropy bonus (seed 002's SLL-ME)
+
+
+def test_entropy_bonus_gradient_equals_the_hand_computed_gradient(monkeypatch):
+    logits = torch.tensor(
+        [
+            [[0.0, 0.0, 0.0, 0.0], [2.0, -1.0, 0.5, 0.0], [1.0, 1.0, -2.0, 3.0]],
+            [[0.3, -0.7, 1.1, 0.2], [-float("inf"), 1.0, 0.0, 2.0], [5.0, 0.0, 0.0, 0.0]],  # a word ruled out
+        ],
+        dtype=torch.float64,
+        requires_grad=True,
+    )  # (N=2, T-1=3, V=4)
+    sequences = torch.tensor([[BOS, 3, 1, EOS], [BOS, 0, EOS, PAD]])
+    # the logits of one forward pass, without a model
+    monkeypatch.setattr(decoding, "caption_logits", lambda *args, **kwargs: logits)
+    log_probs, entropies = sample_token_log_probs_and_entropies(nn.Identity(), {}, sequences)
+    assert torch.equal(log_probs, selective_log_softmax(logits, sequences[:, 1:]))
+    assert entropies[0, 0].item() == pytest.approx(math.log(4))  # uniform over 4 words
+
+    mask = caption_token_mask(sequences, EOS)  # 3 + 2 tokens; the last position of row 1 is padding
+    weight = 0.1
+    (-weight * mean_token_entropy(entropies, mask)).backward()
+
+    # by hand: H = -Σ_i p_i log p_i, dH/dz_i = -p_i (log p_i + H) (0 for a word with p_i = 0); the loss term is
+    # -w Σ_t mask_t H_t / Σ_t mask_t
+    with torch.no_grad():
+        p = torch.softmax(logits, dim=-1)
+        log_p = torch.where(p > 0, torch.log(p), torch.zeros_like(p))
+        entropy = -(p * log_p).sum(dim=-1, keepdim=True)
+        expected = weight * mask[..., None] * p * (log_p + entropy) / mask.sum()
+    assert torch.isfinite(logits.grad).all()
+    assert torch.allclose(logits.grad, expected, atol=1e-12)
+    assert torch.count_nonzero(logits.grad[0, 0]) == 0  # the uniform distribution is a maximum of the entropy
+    assert torch.count_nonzero(logits.grad[1, 2]) == 0  # padding
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return load_shapes(
+        num_train=8, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=5,
+        cache_dir=tmp_path_factory.mktemp("shapes_cache"),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def processor(shapes):
+    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
+    return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+
+
+def test_log_probs_and_entropies_are_scored_in_evaluation_mode_like_sample_token_log_probs(processor, shapes):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0, dropout=0.5).train()
+    pixel_values = processor(images=shapes["train"]["image"][:2], return_tensors="pt")["pixel_values"]
+    sequences = torch.tensor([[BOS, 5, 6, EOS], [BOS, 7, EOS, PAD]])
+    log_probs, entropies = sample_token_log_probs_and_entropies(model, {"pixel_values": pixel_values}, sequences)
+    assert model.training  # the mode is restored
+    # no dropout mask: the same values as the log-probabilities RL objectives score, and as a second call
+    assert torch.equal(log_probs, sample_token_log_probs(model, {"pixel_values": pixel_values}, sequences))
+    assert torch.equal(
+        entropies, sample_token_log_probs_and_entropies(model, {"pixel_values": pixel_values}, sequences)[1]
+    )
+    assert entropies.shape == (2, 3) and (entropies > 0).all()
+
+
+def scst_loss_and_gradients(model, processor, shapes, output_dir, **overrides):
+    """The SCST loss of the first batch, its gradients, the trainer and the batch, with seeded sampling."""
+    args = RLCaptionConfig(
+        output_dir=str(output_dir), use_cpu=True, per_device_train_batch_size=4, max_caption_length=10,
+        objective="scst", num_samples_per_image=2, reward_funcs=["cider"], seed=0, disable_tqdm=True, **overrides,
+    )  # fmt: skip
+    trainer = RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=shapes["train"])
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    model.zero_grad()
+    torch.manual_seed(0)
+    loss = trainer.objective.compute_loss(model, batch)
+    loss.backward()
+    gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+    return loss.detach(), gradients, trainer, batch
+
+
+def test_entropy_bonus_adds_minus_weight_times_the_policy_entropy_and_weight_zero_changes_nothing(
+    processor, shapes, tmp_path
+):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    with torch.no_grad():  # far from uniform distributions, whose entropy has a sizeable gradient
+        model.lm_head.weight.mul_(30.0)
+        model.lm_head.bias.copy_(torch.linspace(-3.0, 3.0, model.lm_head.bias.numel()))
+    weight = 0.5
+    loss_0, gradients_0, trainer_0, batch = scst_loss_and_gradients(
+        model, processor, shapes, tmp_path / "w0", entropy_bonus_weight=0.0
+    )
+    loss_w, gradients_w, trainer_w, _ = scst_loss_and_gradients(
+        model, processor, shapes, tmp_path / "w", entropy_bonus_weight=weight
+    )
+
+    # the same samples, scored on their own: the plain SCST loss and the policy's entropy at their prefixes
+    image_inputs = {"pixel_values": batch["pixel_values"]}
+    torch.manual_seed(0)
+    samples = trainer_0.sample_captions(image_inputs, num_return_sequences=2)
+    image_index = torch.arange(4).repeat_interleave(2)
+    rewards = trainer_0.compute_rewards(samples.texts, batch, row_index=image_index.tolist())
+    advantages = torch.as_tensor(rewards - greedy_caption_rewards(trainer_0, batch).repeat(2), dtype=torch.float32)
+    mask = caption_token_mask(samples.sequences, trainer_0.eos_token_id)
+    log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=image_index)
+    plain_loss = policy_gradient_loss(log_probs, mask, advantages, "token")
+    model.eval()
+    log_p = torch.log_softmax(caption_logits(model, image_inputs, samples.sequences, image_index=image_index), -1)
+    entropy = (-(log_p.exp() * log_p).sum(-1) * mask).sum() / mask.sum()
+    entropy_gradients = torch.autograd.grad(entropy, list(model.parameters()))
+
+    # weight 0: exactly SCST, no entropy logged
+    assert loss_0.item() == pytest.approx(plain_loss.item(), rel=1e-6)
+    assert "entropy" not in trainer_0._recorded_metrics
+    # weight w: the loss and its gradient change by -w H and -w grad H, nothing else
+    assert (loss_w - loss_0).item() == pytest.approx(-weight * entropy.item(), rel=1e-5)
+    assert trainer_w._recorded_metrics["entropy"] == [pytest.approx(entropy.item(), rel=1e-5)]
+    for (name, _), entropy_gradient in zip(model.named_parameters(), entropy_gradients, strict=True):
+        difference = gradients_w[name] - gradients_0[name]
+        assert torch.allclose(difference, -weight * entropy_gradient, rtol=1e-4, atol=1e-6), name
+    assert max(gradient.abs().max() for gradient in entropy_gradients) > 1e-2

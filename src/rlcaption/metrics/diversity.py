@@ -20,6 +20,9 @@ captions with `rlcaption.metrics.normalize_caption` first):
 - **Vocabulary size**: the number of distinct tokens over all generated captions.
 - **Copy rate**: the share of generated captions that occur verbatim among the training references (after the
   same normalization); 1 - copy rate is the share of novel captions.
+- **Pairwise caption distances** among the k captions of one image (seed 002's d(y, y'), the diversity reward of
+  `sle`): `bleu`, 1 - (BLEU-3 + BLEU-4) / 2 of one caption against the other as its single reference (the COCO
+  toolkit's per-image BLEU), or `edit`, the word-level edit distance divided by the longer caption's length.
 """
 
 from __future__ import annotations
@@ -29,19 +32,27 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-from .bleu import bleu_from_statistics, compute_bleu
+import numpy as np
+
+from .bleu import _SMALL, _TINY, bleu_from_statistics, compute_bleu
+from .ngrams import NgramVocabulary
 from .tokenization import normalize_caption
 
 __all__ = [
+    "PAIRWISE_DISTANCES",
     "copy_rate",
     "div_n",
     "mbleu",
+    "pairwise_caption_distances",
     "self_bleu",
     "set_diversity",
     "vocabulary_size",
 ]
 
 K = TypeVar("K", bound=Hashable)
+
+# The `kind`s of `pairwise_caption_distances`.
+PAIRWISE_DISTANCES = ("bleu", "edit")
 
 
 def _prepared(captions: Iterable[str], normalize: bool) -> list[str]:
@@ -214,3 +225,95 @@ def copy_rate(captions: Iterable[str], training_references: Iterable[str], norma
     # Comparing token sequences, not raw strings, so that spacing differences do not hide a copy.
     seen = {" ".join(reference.split()) for reference in _prepared(training_references, normalize)}
     return sum(" ".join(caption.split()) in seen for caption in captions) / len(captions)
+
+
+def pairwise_caption_distances(captions: Sequence[str], kind: str = "bleu", normalize: bool = False) -> np.ndarray:
+    """Distances between every ordered pair of the k captions of one image, seed 002's d(y, y').
+
+    All k * k pairs are scored in one NumPy computation on n-gram counts (or edit-distance tables), not k * k calls of
+    a sentence-level scorer.
+
+    - `bleu`: `1 - (BLEU-3 + BLEU-4) / 2` of caption j as the candidate against caption k as its single reference,
+      each BLEU the COCO toolkit's per-image value (`pycocoevalcap`'s `BleuScorer`, its smoothing constants
+      included). It is not symmetric when the lengths differ (the brevity penalty and the number of candidate
+      n-grams depend on which caption is the candidate), and the diagonal is not 0 for captions of fewer than 4
+      words (they have no 4-gram to match).
+    - `edit`: the word-level Levenshtein distance divided by the longer caption's length (0 for two empty
+      captions): symmetric, in [0, 1], 0 on the diagonal.
+
+    Args:
+        captions (`Sequence[str]`): the k captions of one image, tokenized (tokens joined by spaces).
+        kind (`str`, *optional*, defaults to `"bleu"`): one of [`PAIRWISE_DISTANCES`].
+        normalize (`bool`, *optional*, defaults to `False`): tokenize raw captions first.
+
+    Returns:
+        `np.ndarray` of shape `(k, k)`, float64: entry `[j, k]` is d(captions[j], captions[k]).
+    """
+    if kind not in PAIRWISE_DISTANCES:
+        raise ValueError(f"Unknown caption distance kind={kind!r}; choose one of {PAIRWISE_DISTANCES}.")
+    tokenized = [caption.split() for caption in _prepared(captions, normalize)]
+    if not tokenized:
+        raise ValueError("pairwise_caption_distances needs at least one caption, got none.")
+    if kind == "bleu":
+        bleu = _pairwise_bleu(tokenized, max_n=4)  # (k, k, 4)
+        return 1.0 - (bleu[..., 2] + bleu[..., 3]) / 2
+    return _pairwise_normalized_edit_distances(tokenized)
+
+
+def _pairwise_bleu(tokenized: list[list[str]], max_n: int) -> np.ndarray:
+    """Per-image BLEU-1..`max_n` of every caption (first axis) against every caption as its single reference (second
+    axis), with the COCO toolkit's operations: `(k, k, max_n)`."""
+    num_captions = len(tokenized)
+    # 1. n-gram counts as a dense (k, G) matrix; the vocabulary numbers the n-grams of all orders in one id space
+    rows, orders, ids, counts = NgramVocabulary(max_n).count_batch(tokenized)
+    num_ngrams = int(ids.max()) + 1 if len(ids) else 0
+    ngram_counts = np.zeros((num_captions, num_ngrams))
+    ngram_counts[rows, ids] = counts
+    order_of_ngram = np.zeros((num_ngrams, max_n))
+    order_of_ngram[ids, orders] = 1.0  # one-hot order of each n-gram id
+    # 2. clipped matches of candidate j against reference k: the smaller of the two counts, summed per order (sums of
+    # small integers, exact in float64)
+    matched = np.minimum(ngram_counts[:, None, :], ngram_counts[None, :, :]) @ order_of_ngram  # (k, k, max_n)
+    # 3. BLEU from the counts, in the COCO code's order of operations (see `bleu_from_statistics`)
+    lengths = np.array([len(words) for words in tokenized], dtype=np.float64)  # (k,)
+    n = np.arange(1, max_n + 1)
+    guessed = np.maximum(0.0, lengths[:, None] - n + 1)  # (k, max_n), candidate n-grams
+    precisions = (matched + _TINY) / (guessed[:, None, :] + _SMALL)  # (k, k, max_n)
+    scores = np.cumprod(precisions, axis=-1) ** (1.0 / n)
+    ratio = (lengths[:, None] + _TINY) / (lengths[None, :] + _SMALL)  # (k, k), candidate over reference length
+    penalty = np.where(ratio < 1, np.exp(1 - 1 / ratio), 1.0)
+    return scores * penalty[..., None]
+
+
+def _pairwise_normalized_edit_distances(tokenized: list[list[str]]) -> np.ndarray:
+    """Word-level Levenshtein distance of every ordered pair of captions over the longer length: `(k, k)`."""
+    num_captions = len(tokenized)
+    word_ids: dict[str, int] = {}
+    lengths = np.array([len(words) for words in tokenized])
+    width = max(int(lengths.max()), 1)
+    # padding never influences a cell that is read: cell (i, j) of the table depends on the first i and j words only
+    padded = np.full((num_captions, width), -1)
+    for row, words in enumerate(tokenized):
+        padded[row, : len(words)] = [word_ids.setdefault(word, len(word_ids)) for word in words]
+    first = np.repeat(np.arange(num_captions), num_captions)  # (P,), P = k * k ordered pairs
+    second = np.tile(np.arange(num_captions), num_captions)
+    first_words, second_words = padded[first], padded[second]  # (P, W)
+    first_lengths, second_lengths = lengths[first], lengths[second]
+
+    # the dynamic-programming table row by row (one row per word of the first caption), all pairs at once; a row is
+    # the minimum of deletion and substitution, then insertions: row[j] = min over j' <= j of row[j'] + (j - j'), a
+    # running minimum of row - j
+    columns = np.arange(width + 1)
+    previous = np.broadcast_to(columns, (len(first), width + 1))  # row 0: j insertions
+    distances = second_lengths.copy()  # pairs whose first caption is empty
+    for i in range(1, int(lengths.max()) + 1):
+        substitution = previous[:, :-1] + (first_words[:, i - 1 : i] != second_words)  # (P, W)
+        deletion = previous[:, 1:] + 1
+        current = np.concatenate([np.full((len(first), 1), i), np.minimum(substitution, deletion)], axis=1)
+        current = np.minimum.accumulate(current - columns, axis=1) + columns  # (P, W + 1)
+        ended = first_lengths == i
+        distances[ended] = current[ended, second_lengths[ended]]
+        previous = current
+    longer = np.maximum(first_lengths, second_lengths)
+    normalized = np.divide(distances, longer, out=np.zeros(len(first)), where=longer > 0)
+    return normalized.reshape(num_captions, num_captions)

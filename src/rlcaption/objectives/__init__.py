@@ -9,6 +9,7 @@ from .base import (
     register_objective,
 )
 from .scst import SCSTObjective, policy_gradient_loss
+from .sle import SLEObjective, sequence_level_exploration_loss
 from .spider_pg import SpiderPGObjective
 from .xe import XEObjective
 
@@ -16,6 +17,7 @@ __all__ = [
     "AuxiliaryNetwork",
     "CaptionObjective",
     "SCSTObjective",
+    "SLEObjective",
     "SpiderPGObjective",
     "TrainingPhase",
     "XEObjective",
@@ -23,4 +25,5 @@ __all__ = [
     "get_objective_class",
     "policy_gradient_loss",
     "register_objective",
+    "sequence_level_exploration_loss",
 ]

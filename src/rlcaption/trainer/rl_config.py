@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
+from ..metrics.diversity import PAIRWISE_DISTANCES
 from ..metrics.evaluation import AVAILABLE_METRICS, resolve_metric_names
 
 __all__ = ["DIVERSITY_METRICS", "RLCaptionConfig", "split_eval_metrics"]
@@ -159,6 +160,43 @@ class RLCaptionConfig(TrainingArguments):
         default=5, metadata={"help": "Captions per image of each `eval_caption_sets` set (5 in seed 002)."}
     )
 
+    # > psst (seed 004: cooperative speaker-listener training with partial-sampling straight-through)
+    psst_lambda: float = field(
+        default=5e-3,
+        metadata={
+            "help": "λ of seed 004's eq. 1, `λ · l_disc + (1 − λ) · l_nat`: the weight of the listener's "
+            "discriminability loss against the naturalness loss (−CIDEr-D by `scst`'s REINFORCE) in `psst`. The "
+            "paper traces the trade-off over λ in {10, 5, 2.5, 1.6, 1, 0.5} × 1e-3; 0 is `scst`."
+        },
+    )
+    psst_mode: str = field(
+        default="psst",
+        metadata={
+            "help": "How the `psst` speaker passes words to the listener (`rlcaption.word_passing`): `st` "
+            "(straight-through one-hots, ρ = 0), `psst` (the full distribution at a share `psst_rho` of the steps), "
+            "`gumbel` (Gumbel-softmax vectors), `st_gumbel`, `psst_gumbel`, or `reinforce` (plain one-hots; the "
+            "speaker is rewarded by the negated listener loss)."
+        },
+    )
+    psst_rho: float = field(
+        default=0.25,
+        metadata={
+            "help": "ρ of the `psst` and `psst_gumbel` modes: the probability that a step passes the full "
+            "distribution instead of a straight-through one-hot. The paper finds 0.25 best; 0 and 1 are worse."
+        },
+    )
+    gumbel_temperature: float = field(
+        default=1.0,
+        metadata={"help": "Temperature τ of the Gumbel-softmax in the `gumbel`, `st_gumbel` and `psst_gumbel` modes."},
+    )
+    listener_learning_rate: float = field(
+        default=1e-3,
+        metadata={
+            "help": "Learning rate of the `psst` listener (its own optimizer parameter group, no weight decay), "
+            "scheduled like `learning_rate`."
+        },
+    )
+
     # > Logging
     log_completions: bool = field(
         default=True,
@@ -214,6 +252,32 @@ class RLCaptionConfig(TrainingArguments):
         },
     )
 
+    # > sle (seed 002: sequence-level exploration) and the entropy bonus of its SLL-ME baseline
+    sle_alpha: float = field(
+        default=0.75,
+        metadata={
+            "help": "Weight α of precision (the rewards) against diversity (the distances between an image's "
+            "`num_samples_per_image` samples) in the `sle` loss, seed 002's eqs. 15-16: 1 is SCST with the greedy "
+            "baseline, 0 trains for diversity alone. The paper uses 0.75."
+        },
+    )
+    sle_distance: str = field(
+        default="bleu",
+        metadata={
+            "help": "Distance d between two samples of an image in `sle`: `bleu`, 1 - (BLEU-3 + BLEU-4) / 2 of one "
+            "caption against the other as its single reference (the paper's), or `edit`, the word-level edit "
+            "distance divided by the longer caption's length."
+        },
+    )
+    entropy_bonus_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "Weight w of a maximum-entropy bonus in `scst`: the loss gets -w * H, H the mean entropy of the "
+            "policy's next-word distributions at the prefixes of the sampled captions. 1e-2 gives seed 002's "
+            "SLL-ME baseline; 0 disables it."
+        },
+    )
+
     # Changed defaults. Captions, references and image ids are not forward() arguments, so the Trainer must not
     # drop those columns.
     remove_unused_columns: bool = field(
@@ -251,6 +315,22 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(f"num_samples_per_image must be >= 1, got {self.num_samples_per_image}.")
         if self.baseline == "mean_of_others" and self.num_samples_per_image < 2:
             raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
+        if not 0.0 <= self.sle_alpha <= 1.0:
+            raise ValueError(f"sle_alpha must be in [0, 1] (1 is precision only), got {self.sle_alpha}.")
+        if self.sle_distance not in PAIRWISE_DISTANCES:
+            raise ValueError(f"sle_distance={self.sle_distance!r} is not one of {PAIRWISE_DISTANCES}.")
+        if self.objective == "sle" and self.num_samples_per_image < 2:
+            raise ValueError(
+                f"objective='sle' compares the samples of each image with each other: it needs "
+                f"num_samples_per_image >= 2, got {self.num_samples_per_image} (the paper uses 5)."
+            )
+        if self.entropy_bonus_weight < 0:
+            raise ValueError(f"entropy_bonus_weight must be >= 0 (0 disables it), got {self.entropy_bonus_weight}.")
+        if self.entropy_bonus_weight > 0 and self.objective != "scst":
+            raise ValueError(
+                f"entropy_bonus_weight={self.entropy_bonus_weight} applies to objective='scst' only, got "
+                f"objective={self.objective!r}; set it to 0 or train with scst."
+            )
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
         if self.baseline_pretraining_steps < 0:
@@ -292,3 +372,15 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError("eval_clip='' names no CLIP: give a folder or Hub id, or None for no CLIP metrics.")
         if self.num_completions_to_print < 1:
             raise ValueError(f"num_completions_to_print must be >= 1, got {self.num_completions_to_print}.")
+        from ..word_passing import WORD_PASSING_MODES
+
+        if not 0.0 <= self.psst_lambda <= 1.0:
+            raise ValueError(f"psst_lambda weighs two losses and must be in [0, 1], got {self.psst_lambda}.")
+        if self.psst_mode not in WORD_PASSING_MODES:
+            raise ValueError(f"psst_mode={self.psst_mode!r} is not one of {WORD_PASSING_MODES}.")
+        if not 0.0 <= self.psst_rho <= 1.0:
+            raise ValueError(f"psst_rho is a probability and must be in [0, 1], got {self.psst_rho}.")
+        if self.gumbel_temperature <= 0:
+            raise ValueError(f"gumbel_temperature must be > 0, got {self.gumbel_temperature}.")
+        if self.listener_learning_rate <= 0:
+            raise ValueError(f"listener_learning_rate must be > 0, got {self.listener_learning_rate}.")

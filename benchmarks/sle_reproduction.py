@@ -1,0 +1,187 @@
+"""
+Reproduction of seed 002 (sequence-level exploration) on shapes: XE, SLL (SCST), SLL-ME (SCST + entropy bonus) and
+SLE, over several seeds, judged by the paper's Table 4 protocol (5 random samples per image, and the beam-5 top 5:
+mean CIDEr-D, Div-1, Div-2, mBLEU-4) plus the scene object F1 of the samples and the evaluator CLIP's text-to-image
+R@1 of the beam-5 caption; then SLE's alpha sweep, plotted as CIDEr-D vs Div-2 of the samples.
+
+    python benchmarks/sle_reproduction.py --output-dir runs/sle_reproduction --jobs 2
+
+Every run is `examples/train_sle.py` from the published XE warm start (`checkpoints/show-tell-rl-shapes-xe`), one
+epoch on the 4,000 training images; its test scores land in `<output-dir>/<run>/eval_results.json`, and a run whose
+scores exist is not trained again, so an interrupted reproduction continues where it stopped. The XE rows score the
+warm start itself with the same protocol. Prints Markdown tables (mean ± standard deviation over seeds) and writes
+`<output-dir>/results.json` and the plot `--plot`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+WARM_START = "checkpoints/show-tell-rl-shapes-xe"
+EVALUATOR_CLIP = "checkpoints/shapes-clip-evaluator"
+
+# method -> the recipe options that select it
+METHODS = {
+    "SLL": ["--objective", "scst"],
+    "SLL-ME": ["--objective", "scst", "--entropy_bonus_weight", "1e-2"],
+    "SLE": ["--objective", "sle", "--sle_alpha", "0.75"],
+}
+# (score key, header); sample5_* are the 5 random samples per image, beam5_* the beam-5 top 5
+COLUMNS = (
+    ("CIDEr", "CIDEr-D (beam 5)"),
+    ("sample5_CIDEr", "CIDEr-D (5 samples)"),
+    ("sample5_Div-1", "Div-1"),
+    ("sample5_Div-2", "Div-2"),
+    ("sample5_mBLEU-4", "mBLEU-4"),
+    ("sample5_object_f1", "object F1"),
+    ("beam5_CIDEr", "CIDEr-D (beam top 5)"),
+    ("beam5_Div-2", "Div-2 (beam top 5)"),
+    ("beam5_mBLEU-4", "mBLEU-4 (beam top 5)"),
+    ("t2i_R@1", "t2i R@1"),
+)
+
+
+def _common_options(seed: int, num_train_images: int) -> list[str]:
+    return [
+        "--model_name_or_path", WARM_START, "--seed", str(seed), "--num_train_images", str(num_train_images),
+        "--use_cpu", "--save_strategy", "no", "--eval_strategy", "no", "--eval_clip", EVALUATOR_CLIP,
+        "--report_to", "none", "--disable_tqdm", "True", "--logging_steps", "25", "--overwrite_output_dir", "True",
+    ]  # fmt: skip
+
+
+def _train(run_dir: Path, options: list[str]) -> dict[str, float]:
+    results = run_dir / "eval_results.json"
+    if not results.is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "examples/train_sle.py", "--output_dir", str(run_dir), *options]
+        start = time.perf_counter()
+        with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
+            completed = subprocess.run(command, cwd=REPOSITORY, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if completed.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed; see {run_dir / 'log.txt'}.")
+        print(f"[{run_dir.name}] {time.perf_counter() - start:.0f} s", flush=True)
+    return json.loads(results.read_text())["test"]
+
+
+def _score_warm_start(run_dir: Path, seed: int) -> dict[str, float]:
+    """The XE warm start judged with the recipe's own evaluation (no training step)."""
+    results = run_dir / "eval_results.json"
+    if not results.is_file():
+        sys.path.insert(0, str(REPOSITORY / "examples"))
+        import train_sle
+
+        from rlcaption.recipes import load_pretrained_captioner, load_recipe_dataset, parse_recipe_arguments
+        from rlcaption.trainer import RLCaptionTrainer
+
+        os.chdir(REPOSITORY)
+        script_args, args = parse_recipe_arguments(
+            train_sle.ScriptArguments, train_sle.RECIPE_DEFAULTS,
+            ["--output_dir", str(run_dir), *_common_options(seed, 4000)],
+        )  # fmt: skip
+        model, processor = load_pretrained_captioner(script_args.model_name_or_path)
+        dataset = load_recipe_dataset(script_args)
+        trainer = RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=dataset["train"])
+        scores = trainer.evaluate(dataset["test"], metric_key_prefix="test")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        results.write_text(json.dumps({"test": {key.removeprefix("test_"): value for key, value in scores.items()}}))
+    return json.loads(results.read_text())["test"]
+
+
+def _summary(runs: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
+    summary = {}
+    for key, _ in COLUMNS:
+        values = [run[key] for run in runs if key in run and run[key] is not None]
+        if values:
+            summary[key] = (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
+    return summary
+
+
+def _table(rows: dict[str, dict[str, tuple[float, float]]], num_seeds: dict[str, int]) -> str:
+    lines = [
+        "| method | seeds | " + " | ".join(header for _, header in COLUMNS) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
+    for name, summary in rows.items():
+        cells = [f"{summary[key][0]:.3f} ± {summary[key][1]:.3f}" if key in summary else "" for key, _ in COLUMNS]
+        lines.append(f"| {name} | {num_seeds[name]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _plot(rows: dict[str, dict[str, tuple[float, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4.2))
+    for name, summary in rows.items():
+        x, x_err = summary["sample5_Div-2"]
+        y, y_err = summary["sample5_CIDEr"]
+        marker = "o" if name.startswith("SLE") else "s"
+        axes.errorbar(x, y, xerr=x_err, yerr=y_err, marker=marker, capsize=3, linestyle="none", label=name)
+    axes.set_xlabel("Div-2 of 5 random samples per image (higher: more diverse)")
+    axes.set_ylabel("mean CIDEr-D of the 5 samples")
+    axes.set_title("Shapes test split: precision vs diversity (mean ± s.d. over seeds)")
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/sle_reproduction"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--alphas", type=float, nargs="*", default=[0.5, 0.9, 1.0], help="SLE alphas besides 0.75.")
+    parser.add_argument("--alpha-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--num-train-images", type=int, default=4000)
+    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
+    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "sle_alpha_sweep.png")
+    args = parser.parse_args()
+    output_dir = args.output_dir.resolve()
+
+    jobs = {}  # row name -> [(run dir, options)]
+    for method, options in METHODS.items():
+        for seed in args.seeds:
+            jobs.setdefault(method, []).append(
+                (output_dir / f"{method.lower()}-seed{seed}", options + _common_options(seed, args.num_train_images))
+            )
+    for alpha in args.alphas:
+        for seed in args.alpha_seeds:
+            options = ["--objective", "sle", "--sle_alpha", str(alpha)] + _common_options(seed, args.num_train_images)
+            jobs.setdefault(f"SLE α={alpha:g}", []).append((output_dir / f"sle-alpha{alpha:g}-seed{seed}", options))
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {
+            name: [pool.submit(_train, run_dir, options) for run_dir, options in runs] for name, runs in jobs.items()
+        }
+        results = {"XE": [_score_warm_start(output_dir / f"xe-seed{seed}", seed) for seed in args.seeds]}
+        results.update({name: [future.result() for future in runs] for name, runs in futures.items()})
+
+    rows = {name: _summary(runs) for name, runs in results.items()}
+    num_seeds = {name: len(runs) for name, runs in results.items()}
+    main_rows = {name: rows[name] for name in ("XE", *METHODS)}
+    sweep_rows = {"SLE α=0.75": rows["SLE"], **{name: rows[name] for name in rows if name.startswith("SLE α")}}
+    sweep_seeds = {"SLE α=0.75": num_seeds["SLE"], **num_seeds}
+    print("\nShapes test split (500 images), from the XE warm start, one epoch each")
+    print(_table(main_rows, num_seeds))
+    print("\nSLE alpha sweep")
+    print(_table(sweep_rows, sweep_seeds))
+    (output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    _plot({**main_rows, **{name: row for name, row in sweep_rows.items() if name != "SLE α=0.75"}}, args.plot)
+    print(f"\nplot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""
+Sequence-level exploration (seed 002; SPEC.md "Seed 002", eqs. 8 and 13-16): policy gradient on
+`α E[Δ(y)] + (1 − α) E_{y,y'}[d(y, y')]`, the precision of sampled captions (a reward, CIDEr-D by default) plus the
+distance between two independent samples of the same image, so that the policy explores captions that are right and
+differ from each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
+from ..metrics.diversity import pairwise_caption_distances
+from .base import CaptionObjective, register_objective
+from .scst import greedy_caption_rewards, policy_gradient_loss, sample_and_reward
+
+__all__ = ["SLEObjective", "sequence_level_exploration_advantages", "sequence_level_exploration_loss"]
+
+
+def sequence_level_exploration_advantages(
+    rewards: torch.Tensor, greedy_rewards: torch.Tensor, distances: torch.Tensor, alpha: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """
+    The multiplier of `−log p(ỹ_j)` in seed 002's surrogate loss (eq. 16), `α · precision + (1 − α) · diversity`,
+    and its two terms, each with its baseline:
+
+    - Precision: `Δ(ỹ_j) − b_p`, with `b_p = Δ(greedy caption)`.
+    - Diversity: `(1 / s) Σ_{k≠j} (d(ỹ_j, ỹ_k) + d(ỹ_k, ỹ_j) − 2 b_d)`, with `b_d` the mean of the distances of
+      the `s (s − 1)` ordered pairs of distinct samples; for a symmetric d with `d(y, y) = 0` it is eq. 16's
+      `(2 / s) Σ_k (d(ỹ_j, ỹ_k) − b_d)` exactly.
+
+    Args:
+        rewards (`torch.FloatTensor` of shape `(B * s,)`): the reward Δ of every sample, the `s` samples of an
+            image in consecutive rows.
+        greedy_rewards (`torch.FloatTensor` of shape `(B,)`): the reward of every image's greedy caption.
+        distances (`torch.FloatTensor` of shape `(B, s, s)`): `distances[i, j, k] = d(ỹ_j, ỹ_k)` among the samples
+            of image i; the diagonal is ignored.
+        alpha (`float`): weight of precision against diversity, in [0, 1]; 1 is SCST with the greedy baseline.
+
+    Returns:
+        `tuple[torch.FloatTensor, torch.FloatTensor, torch.FloatTensor]`: the advantages, their precision term and
+        their diversity term, each of shape `(B * s,)`.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+    if distances.dim() != 3 or distances.size(1) < 2 or distances.size(1) != distances.size(2):
+        raise ValueError(
+            f"distances must have shape (batch_size, s, s) with s >= 2 samples per image, got "
+            f"{tuple(distances.shape)}."
+        )
+    batch_size, num_samples, _ = distances.shape
+    if rewards.shape != (batch_size * num_samples,) or greedy_rewards.shape != (batch_size,):
+        raise ValueError(
+            f"Expected rewards of shape ({batch_size * num_samples},) and greedy_rewards of shape ({batch_size},) "
+            f"for {batch_size} images of {num_samples} samples, got {tuple(rewards.shape)} and "
+            f"{tuple(greedy_rewards.shape)}."
+        )
+    # seed 002, eq. 16: precision term with the greedy caption's reward as baseline
+    precision = rewards - greedy_rewards.repeat_interleave(num_samples)  # (B*s,)
+
+    # seed 002, eqs. 13-16: diversity term over the ordered pairs of distinct samples, mean-distance baseline.
+    # Why not eq. 16's `(2 / s) Σ_k` over every k: the diversity term E_{y,y'}[d(y, y')] depends on θ through both
+    # captions, so its gradient is E[(d(y, y') + d(y', y)) ∇log p(y)] (eq. 13); eq. 14 writes it 2 E[d(y, y')
+    # ∇log p(y)], which assumes a symmetric d, but the BLEU distance is not symmetric (brevity penalty): hence both
+    # directions. Eq. 14 estimates the expectation over two independent captions with all s² pairs of samples, but a
+    # sample paired with itself is no such pair (and the BLEU distance of a caption of fewer than 4 words to itself is
+    # not even 0). The sum runs over the pairs of distinct samples, with b_d their mean, so an image's diversity
+    # advantages sum to 0; the scale stays eq. 16's 1 / s (per direction), so that for a symmetric d with d(y, y) = 0
+    # the term is the paper's exactly and `sle_alpha` weighs precision against diversity as the paper's α does. As in
+    # the paper, b_d includes each sample's own pairs, a slight dependence on the sample that a baseline should not
+    # have.
+    off_diagonal = 1.0 - torch.eye(num_samples, dtype=distances.dtype, device=distances.device)  # (s, s)
+    pair_distances = distances * off_diagonal  # (B, s, s)
+    mean_distance = pair_distances.sum(dim=(1, 2)) / (num_samples * (num_samples - 1))  # b_d, (B,)
+    both_directions = pair_distances.sum(dim=2) + pair_distances.sum(dim=1)  # Σ_{k≠j} d_jk + d_kj, (B, s)
+    diversity = ((both_directions - 2 * (num_samples - 1) * mean_distance[:, None]) / num_samples).reshape(-1)
+    return alpha * precision + (1.0 - alpha) * diversity, precision, diversity
+
+
+def sequence_level_exploration_loss(
+    log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    rewards: torch.Tensor,
+    greedy_rewards: torch.Tensor,
+    distances: torch.Tensor,
+    alpha: float,
+    normalization: str,
+) -> torch.Tensor:
+    """
+    Seed 002's surrogate loss (eqs. 15-16) of a batch of images with `s` samples each:
+    `(1/s) Σ_j −[α (Δ(ỹ_j) − b_p) + (1 − α) A_d(ỹ_j)] log p(ỹ_j)`, the diversity advantage `A_d` of
+    [`sequence_level_exploration_advantages`], averaged over images (`normalization="sequence"`) or over tokens.
+
+    Args:
+        log_probs (`torch.FloatTensor` of shape `(B * s, T)`): log-probabilities of the samples' tokens.
+        mask (`torch.FloatTensor` of shape `(B * s, T)`): 1 on the samples' tokens (end token included).
+        rewards, greedy_rewards, distances: as in [`sequence_level_exploration_advantages`].
+        alpha (`float`): as in [`sequence_level_exploration_advantages`].
+        normalization (`str`): `sequence` or `token`, as in [`policy_gradient_loss`].
+
+    Returns:
+        `torch.FloatTensor`: the scalar loss.
+    """
+    advantages, _, _ = sequence_level_exploration_advantages(rewards, greedy_rewards, distances, alpha)
+    return policy_gradient_loss(log_probs, mask, advantages.to(log_probs.dtype), normalization)
+
+
+@register_objective
+class SLEObjective(CaptionObjective):
+    """
+    Sequence-level exploration (seed 002): samples `num_samples_per_image` captions per image (s, 5 in the paper),
+    scores their precision with the trainer's rewards against the greedy caption's reward, and their diversity with
+    the `sle_distance` between every two samples of the image against the mean distance, weighted by `sle_alpha`
+    (see [`sequence_level_exploration_loss`]).
+
+    Samples are drawn and scored in evaluation mode, as [`SCSTObjective`] does. Besides the rewards (`reward`,
+    `greedy`), it logs the mean distance between two samples of an image (`pairwise_distance`) and the standard
+    deviations of the precision, diversity and combined advantages.
+    """
+
+    name = "sle"
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        args, trainer = self.args, self.trainer
+        num_samples = args.num_samples_per_image
+        batch_size = len(inputs["references"])
+
+        # 1. s captions per image from the current policy, with their precision rewards and the greedy baseline
+        samples, sample_index, rewards = sample_and_reward(trainer, inputs, num_samples)  # rewards: (B*s,)
+        greedy_rewards = greedy_caption_rewards(trainer, inputs)  # (B,)
+
+        # 2. distances between the samples of each image, on the tokens the rewards see
+        distances = np.stack(
+            [
+                pairwise_caption_distances(
+                    samples.texts[image * num_samples : (image + 1) * num_samples], args.sle_distance, normalize=True
+                )
+                for image in range(batch_size)
+            ]
+        )  # (B, s, s)
+
+        # 3. the surrogate loss on the samples' log-probabilities under the distribution that sampled them
+        device = samples.sequences.device
+        rewards_tensor = torch.as_tensor(rewards, dtype=torch.float32, device=device)
+        greedy_tensor = torch.as_tensor(greedy_rewards, dtype=torch.float32, device=device)
+        distances_tensor = torch.as_tensor(distances, dtype=torch.float32, device=device)
+        log_probs = sample_token_log_probs(model, image_inputs_of(inputs), samples.sequences, image_index=sample_index)
+        mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
+        loss = sequence_level_exploration_loss(
+            log_probs, mask, rewards_tensor, greedy_tensor, distances_tensor, args.sle_alpha, args.loss_normalization
+        )
+
+        advantages, precision, diversity = sequence_level_exploration_advantages(
+            rewards_tensor, greedy_tensor, distances_tensor, args.sle_alpha
+        )
+        off_diagonal = ~np.eye(num_samples, dtype=bool)
+        trainer.record_metric("pairwise_distance", float(distances[:, off_diagonal].mean()))
+        # at least 2 samples per image (s >= 2): the standard deviations are defined
+        trainer.record_metric("precision_advantage_std", float(precision.std()))
+        trainer.record_metric("diversity_advantage_std", float(diversity.std()))
+        trainer.record_metric("advantage_std", float(advantages.std()))
+        trainer.record_metric("sample_length", float(mask.sum(dim=1).mean()))
+        return loss

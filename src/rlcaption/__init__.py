@@ -4,7 +4,16 @@ from . import models  # noqa: F401  (registers the Auto classes before anyone ca
 from .data import CaptionCollator, load_caption_dataset, load_coco, load_karpathy, load_shapes
 from .evaluation import evaluate_model
 from .metrics import evaluate_captions
-from .models import ShapesCLIPConfig, ShapesCLIPModel, ShowTellRL, ShowTellRLConfig, ShowTellRLOutput, ShowTellRLState
+from .models import (
+    ShapesCLIPConfig,
+    ShapesCLIPModel,
+    ShowTellRL,
+    ShowTellRLConfig,
+    ShowTellRLOutput,
+    ShowTellRLState,
+    SpeakerListener,
+    SpeakerListenerConfig,
+)
 from .processing import CaptionProcessor
 from .rewards import RewardMix, available_rewards, get_reward, register_reward
 from .trainer import RLCaptionConfig, RLCaptionTrainer
@@ -25,6 +34,8 @@ __all__ = [
     "ShowTellRLConfig",
     "ShowTellRLOutput",
     "ShowTellRLState",
+    "SpeakerListener",
+    "SpeakerListenerConfig",
     "WORD_PASSING_MODES",
     "available_rewards",
     "decode_with_word_passing",

@@ -7,6 +7,7 @@ family provides them its own way:
 
 - `ShowTellRL`: bos and eos; `model(input_ids, pixel_values | image_features)`, each image encoded once for all
   its captions.
+- `SpeakerListener` (seed 004): the same through its speaker, a `ShowTellRL`, whose generation config is the model's.
 - `VisionEncoderDecoderModel` (GPT-2, BERT, ... decoder): decoder_start_token_id and eos;
   `model(pixel_values, decoder_input_ids)`.
 - `BlipForConditionalGeneration`: the text decoder's bos and sep tokens (what its `generate` uses);
@@ -43,6 +44,7 @@ __all__ = [
     "Captioner",
     "GitCaptioner",
     "ShowTellRLCaptioner",
+    "SpeakerListenerCaptioner",
     "VisionEncoderDecoderCaptioner",
     "captioner_for",
 ]
@@ -237,6 +239,22 @@ class ShowTellRLCaptioner(Captioner):
         return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **image_inputs).logits
 
 
+class SpeakerListenerCaptioner(ShowTellRLCaptioner):
+    """
+    rlcaption's SpeakerListener (seed 004): captions with its speaker, a ShowTellRL. Its `forward` and `generate` are
+    the speaker's, and its `generation_config` is the speaker's own, so it is captioned as a ShowTellRL is.
+    """
+
+    family = "SpeakerListener"
+
+    @classmethod
+    def handles(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) == "speaker_listener"
+
+    def _caption_tokens(self) -> CaptionTokens:
+        return ShowTellRLCaptioner(self.model.speaker).tokens  # the special tokens are the speaker's
+
+
 class VisionEncoderDecoderCaptioner(Captioner):
     """`VisionEncoderDecoderModel` with any decoder (GPT-2, BERT, ...): the caption is the decoder's input."""
 
@@ -315,6 +333,7 @@ class GitCaptioner(Captioner):
 
 _CAPTIONERS: tuple[type[Captioner], ...] = (
     ShowTellRLCaptioner,
+    SpeakerListenerCaptioner,
     VisionEncoderDecoderCaptioner,
     BlipCaptioner,
     GitCaptioner,

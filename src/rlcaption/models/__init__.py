@@ -8,8 +8,10 @@ from rlcaption.models.show_tell_rl import (
     ShowTellRLPreTrainedModel,
     ShowTellRLState,
 )
+from rlcaption.models.speaker_listener import Listener, SpeakerListener, SpeakerListenerConfig
 
 __all__ = [
+    "Listener",
     "ShapesCLIPConfig",
     "ShapesCLIPModel",
     "ShapesCLIPOutput",
@@ -18,6 +20,8 @@ __all__ = [
     "ShowTellRLOutput",
     "ShowTellRLPreTrainedModel",
     "ShowTellRLState",
+    "SpeakerListener",
+    "SpeakerListenerConfig",
 ]
 
 # Registers the Auto classes (AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor).

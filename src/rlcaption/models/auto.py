@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, Aut
 
 from rlcaption.models.shapes_clip import ShapesCLIPConfig, ShapesCLIPModel
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig
+from rlcaption.models.speaker_listener import SpeakerListener, SpeakerListenerConfig
 from rlcaption.processing import CaptionProcessor
 
 __all__: list[str] = []
@@ -29,6 +30,11 @@ AutoConfig.register(ShowTellRLConfig.model_type, ShowTellRLConfig, exist_ok=True
 AutoModel.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
 AutoModelForImageTextToText.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
 AutoProcessor.register(ShowTellRLConfig, CaptionProcessor, exist_ok=True)
+
+AutoConfig.register(SpeakerListenerConfig.model_type, SpeakerListenerConfig, exist_ok=True)
+AutoModel.register(SpeakerListenerConfig, SpeakerListener, exist_ok=True)
+AutoModelForImageTextToText.register(SpeakerListenerConfig, SpeakerListener, exist_ok=True)
+AutoProcessor.register(SpeakerListenerConfig, CaptionProcessor, exist_ok=True)
 
 AutoConfig.register(ShapesCLIPConfig.model_type, ShapesCLIPConfig, exist_ok=True)
 AutoModel.register(ShapesCLIPConfig, ShapesCLIPModel, exist_ok=True)

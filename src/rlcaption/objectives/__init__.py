@@ -8,6 +8,7 @@ from .base import (
     get_objective_class,
     register_objective,
 )
+from .psst import PSSTObjective
 from .scst import SCSTObjective, policy_gradient_loss
 from .sle import SLEObjective, sequence_level_exploration_loss
 from .spider_pg import SpiderPGObjective
@@ -16,6 +17,7 @@ from .xe import XEObjective
 __all__ = [
     "AuxiliaryNetwork",
     "CaptionObjective",
+    "PSSTObjective",
     "SCSTObjective",
     "SLEObjective",
     "SpiderPGObjective",

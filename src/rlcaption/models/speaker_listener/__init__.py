@@ -1,0 +1,12 @@
+"""SpeakerListener: the cooperative speaker-listener captioner of seed 004."""
+
+from .configuration_speaker_listener import LISTENER_ENCODER_TYPES, SpeakerListenerConfig
+from .modeling_speaker_listener import Listener, SpeakerListener, SpeakerListenerPreTrainedModel
+
+__all__ = [
+    "LISTENER_ENCODER_TYPES",
+    "Listener",
+    "SpeakerListener",
+    "SpeakerListenerConfig",
+    "SpeakerListenerPreTrainedModel",
+]

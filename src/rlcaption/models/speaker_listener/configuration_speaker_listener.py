@@ -1,0 +1,108 @@
+"""Configuration of SpeakerListener, the cooperative speaker-listener captioner of seed 004 (Vered et al. 2019)."""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from rlcaption.models.show_tell_rl import ShowTellRLConfig
+
+__all__ = ["LISTENER_ENCODER_TYPES", "SpeakerListenerConfig"]
+
+# The speaker encoders the listener can mirror with an image encoder of its own: a small CNN trained from scratch, or
+# a linear map of the same precomputed features (the paper's listener). A second vision backbone is not built.
+LISTENER_ENCODER_TYPES = ("cnn", "features")
+
+
+class SpeakerListenerConfig(PretrainedConfig):
+    r"""
+    Configuration of [`SpeakerListener`]: a [`ShowTellRL`] speaker (its config nested as `speaker_config`) and a
+    listener that embeds captions and images into one space.
+
+    The listener embeds a caption by multiplying each step's word vector over the vocabulary by the speaker's word
+    embedding matrix, running a GRU over the steps and mapping its last state linearly into the joint space; it embeds
+    an image by a linear map of the features of its own image encoder (a CNN like the speaker's `"cnn"` encoder, or the
+    speaker's precomputed `"features"`). Both embeddings are L2-normalised, so their dot product is the cosine
+    similarity `Φ(w, I)` of seed 004.
+
+    Args:
+        speaker_config ([`ShowTellRLConfig`] or `dict`, *optional*):
+            The speaker; a default [`ShowTellRLConfig`] when unset. Its `encoder_type` must be one of
+            `LISTENER_ENCODER_TYPES`, which the listener's image encoder mirrors.
+        listener_hidden_size (`int`, *optional*, defaults to 512):
+            State size of the listener's GRU over the caption.
+        joint_embedding_size (`int`, *optional*, defaults to 512):
+            Size of the joint caption-image space.
+        listener_cnn_channels (`list[int]`, *optional*):
+            Output channels of the listener's CNN blocks (`"cnn"` speakers); the speaker's `cnn_channels` when unset.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the normal initialisation of the listener's linear weights.
+
+    Example:
+
+    ```python
+    >>> from rlcaption.models import ShowTellRLConfig, SpeakerListener, SpeakerListenerConfig
+    >>> speaker_config = ShowTellRLConfig(vocab_size=200, hidden_size=256, word_embedding_size=256)
+    >>> model = SpeakerListener(SpeakerListenerConfig(speaker_config=speaker_config, joint_embedding_size=128))
+    ```
+    """
+
+    model_type = "speaker_listener"
+    sub_configs_defaults = {"speaker_config": ShowTellRLConfig}
+
+    def __init__(
+        self,
+        speaker_config: ShowTellRLConfig | dict | None = None,
+        listener_hidden_size: int = 512,
+        joint_embedding_size: int = 512,
+        listener_cnn_channels: list[int] | tuple[int, ...] | None = None,
+        initializer_range: float = 0.02,
+        **kwargs,
+    ):
+        if speaker_config is None:
+            speaker_config = ShowTellRLConfig()
+        elif isinstance(speaker_config, dict):
+            speaker_config = ShowTellRLConfig(**speaker_config)
+        self.speaker_config = speaker_config
+        self.listener_hidden_size = listener_hidden_size
+        self.joint_embedding_size = joint_embedding_size
+        if listener_cnn_channels is None and speaker_config.encoder_type == "cnn":
+            listener_cnn_channels = speaker_config.cnn_channels
+        self.listener_cnn_channels = None if listener_cnn_channels is None else list(listener_cnn_channels)
+        self.initializer_range = initializer_range
+        # the listener reads the speaker's word embeddings, but nothing ties input and output weights
+        kwargs["tie_word_embeddings"] = False
+        super().__init__(**kwargs)
+        self._validate_listener_fields()
+
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> ShowTellRLConfig:
+        """The speaker's config: the speaker reads and writes the captions, so its vocabulary and special tokens are
+        the model's (those the Trainer aligns with the tokenizer, and generation reads)."""
+        return self.speaker_config
+
+    def _validate_listener_fields(self) -> None:
+        if not isinstance(self.speaker_config, ShowTellRLConfig):
+            raise ValueError(
+                f"SpeakerListenerConfig.speaker_config must be a ShowTellRLConfig or its dict, got "
+                f"{type(self.speaker_config).__name__}."
+            )
+        for name in ("listener_hidden_size", "joint_embedding_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"SpeakerListenerConfig.{name} must be a positive int, got {value!r}.")
+        encoder_type = self.speaker_config.encoder_type
+        if encoder_type not in LISTENER_ENCODER_TYPES:
+            raise ValueError(
+                f"The listener builds an image encoder like the speaker's, which is {encoder_type!r}; it supports "
+                f"{LISTENER_ENCODER_TYPES}. For a vision backbone, extract features once (`rlcaption "
+                "extract-features`) and use encoder_type='features' for the speaker."
+            )
+        if encoder_type == "cnn":
+            channels = self.listener_cnn_channels
+            if not channels or any(not isinstance(c, int) or c < 1 for c in channels):
+                raise ValueError(f"listener_cnn_channels must be a non-empty list of positive ints, got {channels!r}.")
+            reduction = 2 ** len(channels)
+            if self.speaker_config.image_size % reduction != 0:
+                raise ValueError(
+                    f"The speaker's image_size={self.speaker_config.image_size} must be divisible by {reduction} "
+                    f"(each of the {len(channels)} listener CNN blocks halves the side); change listener_cnn_channels."
+                )

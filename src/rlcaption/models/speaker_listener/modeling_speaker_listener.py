@@ -1,0 +1,373 @@
+"""SpeakerListener: the cooperative speaker-listener captioner of seed 004 (Vered et al., ICCV 2019) as a
+`transformers` model.
+
+The speaker is a [`ShowTellRL`] captioner: `generate`, `forward`, `caption_log_probs` and `decode_with_word_passing`
+of a SpeakerListener are the speaker's, so every objective and evaluation that captions works on it unchanged. The
+listener ([`Listener`]) embeds captions and images into one space, where seed 004's `Φ(w, I)` is the cosine
+similarity: a caption is read as word vectors over the vocabulary (one-hot tokens, or the soft vectors the speaker
+passes during training) times the speaker's word embedding matrix, then a GRU; an image by its own encoder (not the
+speaker's, so the speaker cannot pass the listener a private code through shared image features) and a linear map.
+
+The `psst` objective trains the listener with its own learning rate, as an auxiliary network of the trainer: it takes
+the listener out of the model's parameters for the run ([`SpeakerListener.detach_listener`]), so that the optimizer's
+group of the model and DDP's replica of it hold the speaker alone. The model still owns the listener: it follows the
+model's `to()` and `train()`, and `save_pretrained` and `load_state_dict` include it, so every saved folder, training
+checkpoints and the final published one alike, holds the listener as trained, and resuming or loading the best model
+restores it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+
+from rlcaption.decoding import caption_token_mask
+from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder
+from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLState
+from rlcaption.word_passing import soft_word_embeddings
+
+from .configuration_speaker_listener import SpeakerListenerConfig
+
+__all__ = ["Listener", "SpeakerListener", "SpeakerListenerPreTrainedModel"]
+
+
+class Listener(nn.Module):
+    """
+    Seed 004's listener: embeds captions and images into a joint space of `config.joint_embedding_size`, L2-normalised,
+    so that the dot product of a caption and an image embedding is their cosine similarity `Φ(w, I)`.
+
+    It has no word embeddings of its own: every call takes the speaker's word embedding matrix, so that the words
+    keep the meaning the speaker gives them and the listener's loss also trains the speaker's embeddings.
+
+    Args:
+        config ([`SpeakerListenerConfig`]): the listener's sizes and the speaker's image input.
+    """
+
+    def __init__(self, config: SpeakerListenerConfig):
+        super().__init__()
+        speaker_config = config.speaker_config
+        if speaker_config.encoder_type == "cnn":
+            self.image_encoder = ConvImageEncoder(
+                speaker_config.image_size, speaker_config.num_channels, list(config.listener_cnn_channels)
+            )
+        else:
+            self.image_encoder = PrecomputedFeatureEncoder(speaker_config.image_feature_size)
+        self.image_projection = nn.Linear(self.image_encoder.output_size, config.joint_embedding_size)
+        self.caption_rnn = nn.GRU(speaker_config.word_embedding_size, config.listener_hidden_size, batch_first=True)
+        self.caption_projection = nn.Linear(config.listener_hidden_size, config.joint_embedding_size)
+
+    def embed_captions(
+        self,
+        captions: torch.Tensor,
+        word_embeddings: torch.Tensor | nn.Embedding,
+        caption_mask: torch.Tensor | None = None,
+    ) -> torch.FloatTensor:
+        """
+        Embeds captions given as word vectors or token ids (the steps after `<bos>`).
+
+        Args:
+            captions (`torch.FloatTensor` of shape `(batch_size, num_steps, vocab_size)` or `torch.LongTensor` of
+            shape `(batch_size, num_steps)`):
+                Word vectors over the vocabulary (one-hot or soft, e.g. [`PassedWords.words`]) or token ids. A
+                one-hot vector and its token id give the same embedding.
+            word_embeddings (`torch.FloatTensor` of shape `(vocab_size, word_embedding_size)` or `nn.Embedding`):
+                The speaker's word embeddings.
+            caption_mask (`torch.Tensor` of shape `(batch_size, num_steps)`, *optional*):
+                1 on each caption's steps, its end token included, 0 after (e.g. [`PassedWords.step_mask`]); every
+                step counts when unset. The GRU stops at each caption's last step.
+
+        Returns:
+            `torch.FloatTensor` of shape `(batch_size, joint_embedding_size)`, of unit norm.
+        """
+        if captions.is_floating_point():
+            inputs = soft_word_embeddings(captions, word_embeddings)  # (B, T, W)
+        else:
+            weight = word_embeddings.weight if isinstance(word_embeddings, nn.Embedding) else word_embeddings
+            inputs = F.embedding(captions, weight)  # (B, T, W)
+        if caption_mask is None:
+            lengths = torch.full((inputs.shape[0],), inputs.shape[1], dtype=torch.long)
+        else:
+            lengths = caption_mask.long().sum(dim=1).cpu()
+        if bool((lengths < 1).any()):
+            raise ValueError(f"Every caption needs at least one step (its end token); got lengths {lengths.tolist()}.")
+        packed = pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)
+        _, last_state = self.caption_rnn(packed)  # (1, B, H), in the captions' order
+        return F.normalize(self.caption_projection(last_state[0]), dim=-1)
+
+    def embed_images(
+        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+    ) -> torch.FloatTensor:
+        """
+        Embeds images with the listener's own encoder.
+
+        Args:
+            pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
+                Images, for a `"cnn"` speaker.
+            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
+                The speaker's precomputed features, for a `"features"` speaker.
+
+        Returns:
+            `torch.FloatTensor` of shape `(batch_size, joint_embedding_size)`, of unit norm.
+        """
+        images = pixel_values if isinstance(self.image_encoder, ConvImageEncoder) else image_features
+        if images is None:
+            expected = "pixel_values" if isinstance(self.image_encoder, ConvImageEncoder) else "image_features"
+            raise ValueError(f"This listener reads the images as its speaker does: pass {expected}.")
+        features = self.image_encoder(images.to(self.image_projection.weight.dtype))  # (B, F)
+        return F.normalize(self.image_projection(features), dim=-1)
+
+    def forward(
+        self,
+        captions: torch.Tensor,
+        word_embeddings: torch.Tensor | nn.Embedding,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        caption_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """
+        [`embed_captions`] and [`embed_images`] in one call, so that a DDP wrapper of the listener synchronises the
+        gradients of both.
+
+        Returns:
+            `(caption_embeddings, image_embeddings)`, each `torch.FloatTensor` of shape `(batch_size,
+            joint_embedding_size)`; `caption_embeddings @ image_embeddings.T` are their cosine similarities.
+        """
+        caption_embeddings = self.embed_captions(captions, word_embeddings, caption_mask)
+        return caption_embeddings, self.embed_images(pixel_values, image_features)
+
+
+class SpeakerListenerPreTrainedModel(PreTrainedModel):
+    config_class = SpeakerListenerConfig
+    config: SpeakerListenerConfig
+    base_model_prefix = "speaker_listener"
+    main_input_name = "input_ids"
+    # the speaker contributes its own blocks; the listener is one
+    _no_split_modules = ["ConvImageEncoder", "Listener"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # The speaker is a sub-model, initialised by its own `_init_weights`: only the listener's layers come here.
+        if isinstance(module, ConvImageEncoder):
+            module.init_weights()
+        elif isinstance(module, nn.GRU):
+            for name, parameter in module.named_parameters():
+                if "weight" in name:
+                    init.xavier_uniform_(parameter)
+                else:
+                    init.zeros_(parameter)
+        elif not isinstance(module, nn.Conv2d):  # the listener's convolutions, set by its ConvImageEncoder
+            super()._init_weights(module)
+
+
+class SpeakerListener(SpeakerListenerPreTrainedModel, GenerationMixin):
+    """
+    Seed 004's speaker ([`ShowTellRL`], `self.speaker`) and listener ([`Listener`], `self.listener`).
+
+    Captioning is the speaker's: `model.generate(pixel_values=...)` (greedy, sampling, beams; test-time words are
+    always discrete), `model(input_ids, pixel_values, labels=...)`, `caption_log_probs` and, for training,
+    `decode_with_word_passing`. The listener ranks images for captions with [`rank_images`].
+    """
+
+    def __init__(self, config: SpeakerListenerConfig):
+        super().__init__(config)
+        self.speaker = ShowTellRL(config.speaker_config)
+        self.listener = Listener(config)
+        self.post_init()
+
+    @classmethod
+    def from_speaker(cls, speaker: ShowTellRL, **listener_kwargs) -> SpeakerListener:
+        """
+        A SpeakerListener whose speaker is a copy of `speaker` (e.g. one trained by cross-entropy first, as in seed
+        004) and whose listener is new.
+
+        Args:
+            speaker ([`ShowTellRL`]): the captioner to start from; left unchanged.
+            listener_kwargs: the listener's fields of [`SpeakerListenerConfig`] (`joint_embedding_size`, ...).
+        """
+        model = cls(SpeakerListenerConfig(speaker_config=copy.deepcopy(speaker.config), **listener_kwargs))
+        model.speaker.load_state_dict(speaker.state_dict())
+        model.speaker.generation_config = copy.deepcopy(speaker.generation_config)
+        return model.to(speaker.device)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) when asked for
+        # loading materialises fresh, trainable parameters: apply the speaker's saved freezing again, as
+        # `ShowTellRL.from_pretrained` does
+        if model.config.speaker_config.encoder_type == "cnn" and model.config.speaker_config.freeze_image_encoder:
+            model.speaker.image_encoder.requires_grad_(False)
+        return loaded
+
+    # ---------------------------------------------------------------- generation, by the speaker
+    # A `GenerationMixin`, so that transformers saves and loads the generation config and pipelines call `generate`;
+    # `generate` itself, and the generation config, are the speaker's.
+    @property
+    def generation_config(self) -> GenerationConfig:
+        """The speaker's generation config: saved with the model, read by `generate`."""
+        return self.speaker.generation_config
+
+    @generation_config.setter
+    def generation_config(self, value: GenerationConfig) -> None:
+        # `PreTrainedModel.__init__` assigns a default before the speaker exists, which then builds its own
+        if "speaker" in self._modules:
+            self.speaker.generation_config = value
+
+    def generate(self, *args, **kwargs) -> torch.LongTensor:
+        """The speaker's [`ShowTellRL.generate`], with the speaker's generation hooks (recurrent state, text prompts,
+        each image encoded once for its captions): discrete captions, starting with `<bos>`."""
+        return self.speaker.generate(*args, **kwargs)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.speaker.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.speaker.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.speaker.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.speaker.set_output_embeddings(new_embeddings)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+        past_key_values: ShowTellRLState | None = None,
+        labels: torch.LongTensor | None = None,
+        image_index: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ShowTellRLOutput | tuple:
+        """The speaker's [`ShowTellRL.forward`] (teacher forcing, cached steps); the listener takes no part."""
+        return self.speaker(
+            input_ids=input_ids,
+            pixel_values=pixel_values,
+            image_features=image_features,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            labels=labels,
+            image_index=image_index,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )
+
+    def decode_with_word_passing(self, *args, **kwargs):
+        """The speaker's [`ShowTellRL.decode_with_word_passing`]: sampled captions as differentiable word vectors."""
+        return self.speaker.decode_with_word_passing(*args, **kwargs)
+
+    def caption_log_probs(self, *args, **kwargs) -> torch.FloatTensor:
+        """The speaker's [`ShowTellRL.caption_log_probs`]."""
+        return self.speaker.caption_log_probs(*args, **kwargs)
+
+    # ---------------------------------------------------------------- the listener
+    def embed_captions(self, captions: torch.LongTensor) -> torch.FloatTensor:
+        """
+        The listener's embeddings of captions as `generate` returns them.
+
+        Args:
+            captions (`torch.LongTensor` of shape `(num_captions, length)`): `<bos>` first, padded after the end
+                token.
+
+        Returns:
+            `torch.FloatTensor` of shape `(num_captions, joint_embedding_size)`, of unit norm.
+        """
+        caption_mask = caption_token_mask(captions, self.config.speaker_config.eos_token_id)
+        return self.listener.embed_captions(captions[:, 1:], self.get_input_embeddings(), caption_mask)
+
+    def embed_images(
+        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+    ) -> torch.FloatTensor:
+        """The listener's embeddings of images, `(num_images, joint_embedding_size)`: see [`Listener.embed_images`]."""
+        return self.listener.embed_images(pixel_values, image_features)
+
+    def rank_images(
+        self,
+        captions: torch.LongTensor,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+    ) -> torch.FloatTensor:
+        """
+        The listener's cosine similarity `Φ(w, I)` of every caption with every image: sort a row to rank the images
+        for that caption.
+
+        Args:
+            captions (`torch.LongTensor` of shape `(num_captions, length)`):
+                Captions as `generate` returns them: `<bos>` first, padded after the end token.
+            pixel_values (`torch.FloatTensor` of shape `(num_images, num_channels, height, width)`, *optional*):
+                The images, for a `"cnn"` speaker.
+            image_features (`torch.FloatTensor` of shape `(num_images, image_feature_size)`, *optional*):
+                The images' precomputed features, for a `"features"` speaker.
+
+        Returns:
+            `torch.FloatTensor` of shape `(num_captions, num_images)`.
+        """
+        return self.embed_captions(captions) @ self.embed_images(pixel_values, image_features).T
+
+    @property
+    def listener_is_detached(self) -> bool:
+        """Whether [`detach_listener`] took the listener out of the model's parameters."""
+        return "listener" not in self._modules
+
+    def detach_listener(self) -> Listener:
+        """
+        Takes the listener out of the model's parameters (`parameters()`, `state_dict()`, a DDP replica of the model)
+        so that another optimizer group can train it, and returns it. The model keeps using it: `self.listener` and
+        [`rank_images`] still read it, it follows the model's `to()` and `train()`, and `save_pretrained` and
+        `load_state_dict` include it. Calling it again returns the same listener.
+        """
+        if not self.listener_is_detached:
+            # kept as a plain attribute: found by `self.listener`, unseen by the module tree
+            self.__dict__["listener"] = self._modules.pop("listener")
+        return self.listener
+
+    def attach_listener(self) -> None:
+        """Puts a [`detach_listener`]-ed listener back among the model's parameters."""
+        if self.listener_is_detached:
+            self.listener = self.__dict__.pop("listener")
+
+    @contextmanager
+    def _listener_attached(self) -> Iterator[None]:
+        detached = self.listener_is_detached
+        self.attach_listener()
+        try:
+            yield
+        finally:
+            if detached:
+                self.detach_listener()
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        if recurse and self.listener_is_detached:
+            self.listener._apply(fn)  # device and dtype moves reach a detached listener too
+        return self
+
+    def train(self, mode: bool = True) -> SpeakerListener:
+        super().train(mode)
+        if self.listener_is_detached:
+            self.listener.train(mode)
+        return self
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        # a detached listener is loaded too: resuming a run or loading its best checkpoint restores the listener
+        with self._listener_attached():
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`, with the listener even while it is detached for training."""
+        with self._listener_attached():
+            super().save_pretrained(save_directory, *args, **kwargs)

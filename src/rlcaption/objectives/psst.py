@@ -1,0 +1,186 @@
+"""
+Cooperative speaker-listener training with partial-sampling straight-through (seed 004; Vered et al., "Joint
+Optimization for Cooperative Image Captioning", ICCV 2019; SPEC.md "Seed 004").
+
+A [`SpeakerListener`]'s speaker and listener minimise together (eq. 1)
+
+    λ · l_disc(w, I) + (1 − λ) · l_nat(w)
+
+- `l_nat = −CIDEr-D(w)` needs discrete words, so it is optimised by REINFORCE: it is exactly the loss of the `scst`
+  objective (samples, rewards, `baseline` and `loss_normalization` of the config; the self-critical greedy baseline
+  by default) on captions sampled as test-time decoding would, in evaluation mode.
+- `l_disc` (eq. 2, VSE++ with the hardest negatives of the batch in both directions, margin 1) is the listener's loss
+  on the words the speaker passes while decoding with gradients ([`decode_with_word_passing`] in mode `psst_mode`):
+  straight-through one-hots (`st`, ρ = 0), Gumbel-softmax vectors (`gumbel`, `st_gumbel`), or PSST's per-step mix of
+  the full distribution (probability `psst_rho`) and the straight-through one-hot (`psst`, `psst_gumbel`). Its
+  gradient trains the listener and, through the words, the speaker. In `reinforce` mode the words carry no gradient:
+  the listener still trains on `l_disc`, and the speaker gets a REINFORCE term whose reward is each caption's negated
+  listener loss, with the mean reward of the batch's other captions as baseline.
+
+The listener is an auxiliary network of the trainer, with its own learning rate (`listener_learning_rate`). It lives
+in the [`SpeakerListener`], whose published checkpoints must hold it; this objective takes it out of the model's
+parameters for the run ([`SpeakerListener.detach_listener`]), so that it is in the listener's optimizer group only and
+never in the model's, nor in DDP's replica of the model. The model keeps using and saving it: training checkpoints and
+the final `save_model` both write the trained listener with the speaker, and resuming restores it (from the model's
+weights, then from `auxiliary_networks.safetensors`, which hold the same values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..decoding import image_inputs_of
+from ..models.speaker_listener import SpeakerListener
+from .base import AuxiliaryNetwork, CaptionObjective, register_objective
+from .scst import SCSTObjective, policy_gradient_loss
+
+__all__ = ["DiscriminabilityTerms", "PSSTObjective", "vse_hardest_negative_losses"]
+
+
+def vse_hardest_negative_losses(similarities: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
+    """
+    Seed 004's discriminability loss (eq. 2), the VSE++ hinge with the hardest negatives of the batch (Faghri et al.
+    2018), for every caption:
+
+        max(0, margin − Φ(w, I) + Φ(w', I)) + max(0, margin − Φ(w, I) + Φ(w, I'))
+
+    with `w'` the caption of another image most similar to `I`, and `I'` the other image most similar to `w`.
+
+    Args:
+        similarities (`torch.FloatTensor` of shape `(batch_size, batch_size)`):
+            `Φ(w_i, I_j)`, caption `i` against image `j`; caption `i` describes image `i`.
+        margin (`float`, *optional*, defaults to 1.0): the hinge's margin.
+
+    Returns:
+        `torch.FloatTensor` of shape `(batch_size,)`; 0 for a batch of one (it has no negative).
+    """
+    if similarities.dim() != 2 or similarities.shape[0] != similarities.shape[1]:
+        raise ValueError(f"Expected a square caption-by-image similarity matrix, got {tuple(similarities.shape)}.")
+    positives = similarities.diagonal()  # (B,)
+    is_positive = torch.eye(similarities.shape[0], dtype=torch.bool, device=similarities.device)
+    negatives = similarities.masked_fill(is_positive, float("-inf"))  # a hinge of -inf is 0, with zero gradient
+    hardest_caption = negatives.max(dim=0).values  # (B,): for image i, the most similar caption of another image
+    hardest_image = negatives.max(dim=1).values  # (B,): for caption i, the most similar other image
+    return F.relu(margin - positives + hardest_caption) + F.relu(margin - positives + hardest_image)
+
+
+@dataclass
+class DiscriminabilityTerms:
+    """
+    The `l_disc` part of a batch's [`PSSTObjective`] loss, before the weight λ.
+
+    Args:
+        listener_losses (`torch.FloatTensor` of shape `(batch_size,)`):
+            [`vse_hardest_negative_losses`] of the listener's similarities. Its gradient trains the listener and the
+            speaker's word embeddings (which the listener reads), and the rest of the speaker through the passed
+            words, except in `reinforce` mode, where they carry none.
+        speaker_policy_loss (`torch.FloatTensor` of shape `()`, *optional*):
+            In `reinforce` mode only: the REINFORCE loss of the speaker's sampled words, rewarded by their negated
+            listener losses.
+        similarities (`torch.FloatTensor` of shape `(batch_size, batch_size)`):
+            The listener's cosine similarities of the passed captions (rows) with the images (columns).
+        soft_step_share (`float`):
+            Share of the decoded steps that passed a soft vector instead of a one-hot.
+    """
+
+    listener_losses: torch.Tensor
+    speaker_policy_loss: torch.Tensor | None
+    similarities: torch.Tensor
+    soft_step_share: float
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """`l_disc` of the batch: the mean listener loss, plus the speaker's REINFORCE term in `reinforce` mode."""
+        loss = self.listener_losses.mean()
+        return loss if self.speaker_policy_loss is None else loss + self.speaker_policy_loss
+
+
+@register_objective
+class PSSTObjective(CaptionObjective):
+    """
+    `λ · l_disc + (1 − λ) · l_nat` of seed 004 for a [`SpeakerListener`] (see the module documentation), with
+    λ = `psst_lambda`. λ = 0 is the `scst` objective (the listener is then not trained); λ = 1 drops `l_nat`.
+
+    Logs `listener_loss` (the mean of eq. 2), `listener_batch_R@1` (the share of passed captions whose own image the
+    listener ranks first in the batch), `soft_step_share`, and what `scst` logs for `l_nat`.
+    """
+
+    name = "psst"
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if not isinstance(model, SpeakerListener):
+            raise ValueError(
+                f"The psst objective trains a SpeakerListener (a speaker and its listener), got "
+                f"{type(model).__name__}. Wrap a trained captioner with `SpeakerListener.from_speaker(captioner)`."
+            )
+        self.listener = model.detach_listener()
+        self.naturalness = SCSTObjective(trainer)
+
+    def auxiliary_networks(self) -> dict[str, AuxiliaryNetwork]:
+        return {"listener": AuxiliaryNetwork(self.listener, learning_rate=self.args.listener_learning_rate)}
+
+    def discriminability_terms(self, model: nn.Module, inputs: dict[str, Any]) -> DiscriminabilityTerms:
+        """
+        Decodes the batch's images with word passing (`psst_mode`) and scores the passed words with the listener.
+
+        Args:
+            model: the (possibly DDP-wrapped) [`SpeakerListener`]; its decoding runs through the wrapper's forward.
+            inputs: the collated batch.
+        """
+        # imported here: the trainer module imports the objectives package, which may register this objective
+        from ..trainer.rl_trainer import forward_through
+
+        args, trainer = self.args, self.trainer
+        image_inputs = image_inputs_of(inputs)
+        # 1. the speaker decodes, passing word vectors over the vocabulary (in the model's mode, dropout included)
+        passed = forward_through(
+            model,
+            "decode_with_word_passing",
+            **image_inputs,
+            mode=args.psst_mode,
+            max_length=args.max_caption_length + 1,  # + <bos>
+            rho=args.psst_rho,
+            gumbel_temperature=args.gumbel_temperature,
+            temperature=args.temperature,
+        )
+        # 2. the listener embeds them with the speaker's word embeddings, and the images with its own encoder
+        word_embeddings = trainer.accelerator.unwrap_model(model).get_input_embeddings().weight
+        caption_embeddings, image_embeddings = trainer.auxiliary_network("listener")(
+            passed.words, word_embeddings, caption_mask=passed.step_mask, **image_inputs
+        )
+        similarities = caption_embeddings @ image_embeddings.T  # (B, B)
+        listener_losses = vse_hardest_negative_losses(similarities)  # (B,)
+        # 3. in `reinforce` mode, the speaker learns from the listener's loss as a reward instead of its gradient
+        speaker_policy_loss = None
+        if args.psst_mode == "reinforce":
+            rewards = -listener_losses.detach()
+            batch_size = rewards.shape[0]
+            others_mean = (rewards.sum() - rewards) / (batch_size - 1) if batch_size > 1 else torch.zeros_like(rewards)
+            speaker_policy_loss = policy_gradient_loss(
+                passed.log_probs, passed.step_mask.float(), rewards - others_mean, args.loss_normalization
+            )
+        soft_steps = passed.soft_steps.float().sum() / passed.step_mask.sum()
+        return DiscriminabilityTerms(listener_losses, speaker_policy_loss, similarities, float(soft_steps))
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        weight = self.args.psst_lambda
+        loss = None
+        if weight > 0:
+            terms = self.discriminability_terms(model, inputs)
+            loss = weight * terms.loss
+            similarities = terms.similarities.detach()
+            own_image_first = similarities.argmax(dim=1) == torch.arange(len(similarities), device=similarities.device)
+            self.trainer.record_metric("listener_loss", float(terms.listener_losses.detach().mean()))
+            self.trainer.record_metric("listener_batch_R@1", float(own_image_first.float().mean()))
+            self.trainer.record_metric("soft_step_share", terms.soft_step_share)
+        if weight < 1:
+            naturalness = (1 - weight) * self.naturalness.compute_loss(model, inputs)
+            loss = naturalness if loss is None else loss + naturalness
+        return loss

@@ -1,0 +1,192 @@
+import math
+
+import pytest
+import torch
+
+import rlcaption.objectives.psst  # noqa: F401  (registers the `psst` objective)
+from rlcaption.data import CaptionCollator, load_shapes
+from rlcaption.listener_evaluation import listener_recall
+from rlcaption.metrics import clip_retrieval
+from rlcaption.models import SpeakerListener
+from rlcaption.objectives.psst import vse_hardest_negative_losses
+from rlcaption.processing import CaptionProcessor
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+from tiny_captioners import make_show_tell
+from tiny_clips import make_shapes_clip
+
+IMAGE_SIZE = 48
+MAX_LENGTH = 8
+WORD_PASSING_MODES = ["st", "psst", "gumbel", "st_gumbel", "psst_gumbel", "reinforce"]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return load_shapes(
+        num_train=16, num_validation=8, num_test=4, image_size=IMAGE_SIZE, seed=5,
+        cache_dir=tmp_path_factory.mktemp("shapes_cache"),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def processor(shapes):
+    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
+    return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+
+
+def make_speaker_listener(processor, seed: int = 0) -> SpeakerListener:
+    speaker = make_show_tell(processor, IMAGE_SIZE, seed=seed)
+    return SpeakerListener.from_speaker(speaker, listener_hidden_size=16, joint_embedding_size=16)
+
+
+def make_trainer(processor, shapes, output_dir, model=None, **fields) -> RLCaptionTrainer:
+    args = RLCaptionConfig(
+        output_dir=str(output_dir), use_cpu=True, objective="psst", per_device_train_batch_size=4, max_steps=3,
+        learning_rate=1e-2, save_strategy="no", logging_steps=1, disable_tqdm=True, num_samples_per_image=2,
+        max_caption_length=MAX_LENGTH, **fields,
+    )  # fmt: skip
+    model = make_speaker_listener(processor) if model is None else model
+    return RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=shapes["train"])
+
+
+def gradient_size(module: torch.nn.Module) -> float:
+    return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
+
+
+def test_vse_loss_matches_a_hand_computation():
+    # rows are captions, columns images; caption i describes image i
+    similarities = torch.tensor(
+        [
+            [0.9, -0.2, -0.5],
+            [0.1, 0.4, 0.3],
+            [-0.6, 0.7, 0.8],
+        ],
+        requires_grad=True,
+    )
+    losses = vse_hardest_negative_losses(similarities)
+    # caption 0: hardest other caption of image 0 is caption 1 (0.1): 1 - 0.9 + 0.1 = 0.2; hardest other image of
+    #            caption 0 is image 1 (-0.2): 1 - 0.9 - 0.2 < 0, no loss
+    # caption 1: caption 2 for image 1 (0.7): 1 - 0.4 + 0.7 = 1.3; image 2 for caption 1 (0.3): 0.9
+    # caption 2: caption 1 for image 2 (0.3): 1 - 0.8 + 0.3 = 0.5; image 1 for caption 2 (0.7): 0.9
+    torch.testing.assert_close(losses, torch.tensor([0.2, 2.2, 1.4]))
+    # only the positives and the hardest negatives of active hinges get a gradient
+    losses.sum().backward()
+    expected_gradient = torch.tensor(
+        [
+            [-1.0, 0.0, 0.0],
+            [1.0, -2.0, 2.0],
+            [0.0, 2.0, -2.0],
+        ]
+    )
+    torch.testing.assert_close(similarities.grad, expected_gradient)
+
+
+def test_vse_loss_of_a_batch_of_one_is_zero_with_a_finite_gradient():
+    similarity = torch.tensor([[0.3]], requires_grad=True)
+    loss = vse_hardest_negative_losses(similarity)
+    loss.sum().backward()
+    assert loss.tolist() == [0.0]
+    assert similarity.grad.tolist() == [[0.0]]
+
+
+@pytest.mark.parametrize("mode", WORD_PASSING_MODES)
+def test_listener_loss_reaches_the_speaker_through_the_words_except_in_reinforce(processor, shapes, tmp_path, mode):
+    trainer = make_trainer(processor, shapes, tmp_path, psst_lambda=1.0, psst_mode=mode)
+    model = trainer.model.train()
+    batch = trainer.data_collator(list(shapes["train"].select(range(4))))
+    torch.manual_seed(0)
+    terms = trainer.objective.discriminability_terms(model, batch)
+    assert terms.listener_losses.shape == (4,)
+    terms.listener_losses.mean().backward()
+    speaker = model.speaker
+    through_words = gradient_size(speaker.lstm) > 0 and gradient_size(speaker.lm_head) > 0
+    assert through_words == (mode != "reinforce")
+    assert gradient_size(speaker.image_encoder) > 0 or mode == "reinforce"
+    # the listener trains in every mode, and so do the speaker's word embeddings it reads
+    assert gradient_size(model.listener) > 0
+    assert gradient_size(speaker.word_embeddings) > 0
+    if mode != "reinforce":
+        assert terms.speaker_policy_loss is None
+        return
+    # REINFORCE with the negated listener loss as reward is the speaker's only way to learn from the listener
+    model.zero_grad()
+    terms.speaker_policy_loss.backward()
+    assert gradient_size(speaker.lstm) > 0 and gradient_size(speaker.lm_head) > 0
+
+
+def test_psst_mode_passes_the_full_distribution_at_about_rho_of_the_steps(processor, shapes, tmp_path):
+    trainer = make_trainer(processor, shapes, tmp_path, psst_lambda=1.0, psst_mode="psst", psst_rho=0.5)
+    batch = trainer.data_collator(list(shapes["train"].select(range(8))))
+    torch.manual_seed(0)
+    share = trainer.objective.discriminability_terms(trainer.model, batch).soft_step_share
+    assert 0.25 < share < 0.75
+
+
+@pytest.mark.parametrize("mode", ["psst", "reinforce"])
+def test_training_changes_the_speaker_and_the_listener_and_saves_the_listener(processor, shapes, tmp_path, mode):
+    trainer = make_trainer(processor, shapes, tmp_path / "run", psst_lambda=0.5, psst_mode=mode)
+    model = trainer.model
+    listener = model.listener
+    # the listener is trained in its own optimizer group, never in the model's
+    assert not {id(p) for p in listener.parameters()} & {id(p) for p in model.parameters()}
+    speaker_before = {name: tensor.clone() for name, tensor in model.speaker.state_dict().items()}
+    listener_before = {name: tensor.clone() for name, tensor in listener.state_dict().items()}
+    output = trainer.train()
+    assert math.isfinite(output.training_loss)
+
+    speaker_after = model.speaker.state_dict()
+    changed = [name for name, tensor in speaker_after.items() if not torch.equal(speaker_before[name], tensor)]
+    assert any(name.startswith("lstm") for name in changed) and any(name.startswith("lm_head") for name in changed)
+    assert all(not torch.equal(listener_before[name], tensor) for name, tensor in listener.state_dict().items())
+    [listener_group] = [group for group in trainer.optimizer.param_groups if group.get("name") == "auxiliary/listener"]
+    assert listener_group["initial_lr"] == trainer.args.listener_learning_rate
+    logged = trainer.state.log_history[0]
+    for name in ("listener_loss", "listener_batch_R@1", "soft_step_share", "reward", "loss_psst"):
+        assert math.isfinite(logged[name]), name
+
+    # the final save holds the trained listener, as the trainer's checkpoints of it do
+    trainer.save_model(str(tmp_path / "final"))
+    saved = SpeakerListener.from_pretrained(tmp_path / "final")
+    for name, tensor in trainer.auxiliary_state_dict().items():
+        assert torch.equal(saved.listener.state_dict()[name.removeprefix("listener.")], tensor)
+
+
+def test_psst_refuses_a_captioner_without_a_listener(processor, shapes, tmp_path):
+    with pytest.raises(ValueError, match="SpeakerListener.from_speaker"):
+        make_trainer(processor, shapes, tmp_path, model=make_show_tell(processor, IMAGE_SIZE))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(psst_lambda=1.5), "psst_lambda"),
+        (dict(psst_mode="straight_through"), "psst_mode"),
+        (dict(psst_rho=-0.1), "psst_rho"),
+        (dict(gumbel_temperature=0.0), "gumbel_temperature"),
+        (dict(listener_learning_rate=0.0), "listener_learning_rate"),
+    ],
+)
+def test_config_rejects_bad_psst_fields(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        RLCaptionConfig(output_dir=str(tmp_path), use_cpu=True, objective="psst", **fields)
+
+
+def test_rank_images_agrees_with_listener_recall_on_a_split(processor, shapes):
+    model = make_speaker_listener(processor).eval()
+    split = shapes["validation"]
+    ks = tuple(range(1, len(split)))  # every cut-off: the whole distribution of ranks must agree
+    clip = (make_shapes_clip(processor, image_size=IMAGE_SIZE), processor)
+    scores = listener_recall(model, processor, split, ks=ks, clip=clip, batch_size=3)
+
+    batch = CaptionCollator(processor, tokenize_references=False)(list(split))
+    with torch.no_grad():
+        captions = model.generate(pixel_values=batch["pixel_values"], do_sample=False)  # greedy, the speaker's length
+        similarities = model.rank_images(captions, batch["pixel_values"])  # (N, N)
+    own = similarities.diagonal()
+    ranks = (similarities >= own[:, None]).sum(dim=1) - 1  # other images at least as similar: ties count against
+    for k in ks:
+        assert scores[f"listener_R@{k}"] == pytest.approx(float((ranks < k).float().mean()))
+
+    texts = [text.strip() for text in processor.batch_decode(captions, skip_special_tokens=True)]
+    clip_scores = clip_retrieval(list(split["image"]), texts, clip, ks=ks)
+    for k in ks:
+        assert scores[f"clip_R@{k}"] == pytest.approx(clip_scores[f"t2i_R@{k}"])

@@ -2,10 +2,12 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -13,7 +15,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def run_recipe(script: str, *arguments: str, cache_dir: Path) -> str:
     """Runs `examples/<script>` (or, when `script` starts with `-m`, a module such as `accelerate launch`)."""
-    env = {**os.environ, "HF_DATASETS_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     target = [script] if script.startswith("-") else [str(EXAMPLES / script)]
     command = [sys.executable, *target, *arguments]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -86,3 +88,51 @@ def test_scst_recipe_fine_tunes_a_foreign_captioner_under_accelerate_and_resumes
     assert f"Resuming from {output_dir / 'checkpoint-1'}" in printed
     state = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
+
+
+WARM_START = str(EXAMPLES.parent / "checkpoints" / "show-tell-rl-shapes-xe")
+TINY_RUN = [
+    "--model_name_or_path", WARM_START, "--num_train_images", "16", "--num_validation_images", "4",
+    "--num_test_images", "6", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+    "--num_samples_per_image", "2", "--max_caption_length", "8", "--save_strategy", "no", "--eval_strategy", "no",
+    "--use_cpu",
+]  # fmt: skip
+
+
+def accelerate_launch(num_processes: int) -> list[str]:
+    with socket.socket() as probe:  # a fresh port for each launch
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # two processes talk over gloo on the CPU (no GPU is visible to the recipes: see run_recipe)
+    processes = ["--multi_gpu", "--num_processes", "2"] if num_processes == 2 else ["--cpu", "--num_processes", "1"]
+    return ["-m", "accelerate.commands.launch", *processes, "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(port)]  # fmt: skip
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_sle_recipe_scores_caption_sets_on_one_and_two_processes(tmp_path, num_processes):
+    output_dir = tmp_path / "sle"
+    run_recipe(
+        *accelerate_launch(num_processes), str(EXAMPLES / "train_sle.py"), "--output_dir", str(output_dir),
+        *TINY_RUN, "--max_steps", "1", "--eval_caption_set_size", "3", cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    scores = json.loads((output_dir / "eval_results.json").read_text())["test"]
+    assert scores["num_images"] == 6
+    assert {"CIDEr", "sample3_CIDEr", "sample3_Div-2", "beam3_mBLEU-4", "sample3_object_f1"} <= set(scores)
+    assert "Div-2, 3 samples per image" in (output_dir / "README.md").read_text()
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_psst_recipe_trains_a_speaker_listener_on_one_and_two_processes(tmp_path, num_processes):
+    output_dir = tmp_path / "psst"
+    run_recipe(
+        *accelerate_launch(num_processes), str(EXAMPLES / "train_psst.py"), "--output_dir", str(output_dir),
+        *TINY_RUN, "--max_steps", "1", "--listener_hidden_size", "16", "--joint_embedding_size", "16",
+        cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    scores = json.loads((output_dir / "eval_results.json").read_text())["test"]
+    assert {"CIDEr", "object_f1", "listener_R@1", "listener_R@10"} <= set(scores)
+    assert 0.0 <= scores["listener_R@1"] <= scores["listener_R@10"] <= 1.0
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["model_type"] == "speaker_listener" and config["joint_embedding_size"] == 16
+    assert "Listener R@1 (caption to image)" in (output_dir / "README.md").read_text()

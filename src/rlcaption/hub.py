@@ -73,6 +73,7 @@ _DIVERSITY_AND_CLIP_METRICS = {
         for direction, label in (("t2i", "Text-to-image"), ("i2t", "Image-to-text"))
         for k in (1, 5, 10)
     },
+    **{f"listener_R@{k}": ("recall", f"Listener R@{k} (caption to image)") for k in (1, 5, 10)},
 }
 _REPORTED_METRICS = {**_CAPTION_METRICS, **_SCENE_METRICS, **_DIVERSITY_AND_CLIP_METRICS}
 # Keys that qualify the scores (supports, per-part figures, what `Trainer.evaluate` adds) rather than being scores
@@ -213,6 +214,8 @@ def render_model_card(
         repo_id=repo_id,
         model_summary=model_summary,
         model_class=type(model).__name__,
+        # rlcaption's own models reach the Auto classes once the package is imported
+        registers_with_import=type(model).__module__.startswith("rlcaption."),
         model_type=config.model_type,
         num_layers=getattr(config, "num_layers", None),
         hidden_size=getattr(config, "hidden_size", None),

@@ -313,12 +313,14 @@ def finish_recipe(
     dataset,
     script_args: RecipeArguments,
     model_card: Callable[[Mapping[str, float], int], Any],
+    extra_scores: Callable[[Any], Mapping[str, float]] | None = None,
 ) -> dict[str, float] | None:
     """
     The end of every recipe: saves the model and its processor to `--output_dir`, scores the test split on every
     process with `trainer.evaluate` (its `eval_metrics`, `eval_num_beams` and `eval_clip`), prints the scores, writes
     `eval_results.json` and the model card `README.md` (`model_card(scores, num_test_images)`), and publishes the
-    folder with `--push_to_hub`.
+    folder with `--push_to_hub`. `extra_scores(test_split)`, run on the main process, adds a method's own test scores
+    (e.g. a listener's recall).
 
     Returns:
         The test scores without their `test_` prefix, or `None` when the dataset has no test split.
@@ -335,6 +337,8 @@ def finish_recipe(
         test_metrics = trainer.evaluate(dataset["test"], metric_key_prefix="test")
         scores = {name.removeprefix("test_"): value for name, value in test_metrics.items()}
         if trainer.is_world_process_zero():
+            if extra_scores is not None:
+                scores.update(extra_scores(dataset["test"]))
             print("test scores:", {name: round(value, 4) for name, value in scores.items()})
             with open(os.path.join(args.output_dir, "eval_results.json"), "w", encoding="utf-8") as handle:
                 # a ratio with nothing to count (nan) is written as null: strict JSON has no NaN
@@ -358,11 +362,13 @@ def train_and_finish(
     script_args: RecipeArguments,
     training_args: RLCaptionConfig,
     model_card: Callable[..., Any],
+    extra_scores: Callable[[Any], Mapping[str, float]] | None = None,
 ) -> RLCaptionTrainer:
     """
     The body of a recipe once its model is built: trains `model` on the train split with [`RLCaptionTrainer`]
     (validation split for the evaluations during training, resuming as `training_args.resume_from_checkpoint` says),
-    then [`finish_recipe`] with the card `model_card(model, training_args, script_args, scores, num_test_images)`.
+    then [`finish_recipe`] with the card `model_card(model, training_args, script_args, scores, num_test_images)` and
+    the method's `extra_scores`.
     """
     trainer = RLCaptionTrainer(
         model=model,
@@ -376,5 +382,5 @@ def train_and_finish(
     def card(scores: Mapping[str, float], num_test_images: int):
         return model_card(model, training_args, script_args, scores, num_test_images)
 
-    finish_recipe(trainer, processor, dataset, script_args, card)
+    finish_recipe(trainer, processor, dataset, script_args, card, extra_scores)
     return trainer

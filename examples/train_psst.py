@@ -1,0 +1,106 @@
+"""
+Cooperative speaker-listener training with partial-sampling straight-through (PSST, seed 004), from the published XE
+warm start:
+
+    accelerate launch examples/train_psst.py --output_dir runs/psst --use_cpu \
+        --eval_clip checkpoints/shapes-clip-evaluator
+
+The XE captioner becomes the speaker of a new `SpeakerListener`; the speaker and its listener then minimise
+`λ · l_disc + (1 − λ) · l_nat` (`--psst_lambda`, 5e-3): the listener's VSE++ hardest-negative loss on the words the
+speaker passes (`--psst_mode st | psst | gumbel | st_gumbel | psst_gumbel | reinforce`, `--psst_rho` 0.25) and
+`−CIDEr-D` by self-critical REINFORCE. `--model_name_or_path` also takes a `SpeakerListener` checkpoint.
+
+The test split is scored at the end: the consensus metrics and scene grounding of the speaker's captions (beam search,
+`--eval_num_beams`), the evaluator CLIP's retrieval with `--eval_clip` (so that a private speaker-listener code does
+not pass for a good caption), and the listener's recall `listener_R@1/5/10` of each test image among the whole split
+from its speaker's greedy caption. The output folder gets the SpeakerListener (speaker and trained listener), its
+processor, a model card and `eval_results.json`. A run whose `--output_dir` holds a complete checkpoint resumes from
+it; `--push_to_hub --hub_model_id org/name` publishes the folder.
+"""
+
+from dataclasses import dataclass, field
+
+from rlcaption.listener_evaluation import listener_recall
+from rlcaption.models import ShowTellRL, SpeakerListener
+from rlcaption.recipes import (
+    RecipeArguments,
+    load_pretrained_captioner,
+    load_recipe_dataset,
+    parse_recipe_arguments,
+    recipe_model_card,
+    train_and_finish,
+)
+
+# The paper's λ and ρ, and the demo's RL schedule for the shapes warm start.
+RECIPE_DEFAULTS = {
+    "objective": "psst",
+    "reward_funcs": ["cider"],
+    "learning_rate": 5e-4,
+    "num_train_epochs": 1.0,
+    "per_device_train_batch_size": 32,
+    "num_samples_per_image": 5,
+    "eval_metrics": ["cider", "bleu"],
+}
+
+
+@dataclass
+class ScriptArguments(RecipeArguments):
+    model_name_or_path: str = field(
+        default="checkpoints/show-tell-rl-shapes-xe",
+        metadata={"help": "The speaker to start from (a ShowTellRL checkpoint) or a SpeakerListener checkpoint."},
+    )
+    listener_hidden_size: int = field(default=256, metadata={"help": "GRU size of a new listener."})
+    joint_embedding_size: int = field(default=256, metadata={"help": "Joint caption-image space of a new listener."})
+
+
+def _model_card(model, training_args, script_args, scores, num_test_images):
+    mode = training_args.psst_mode
+    return recipe_model_card(
+        model, training_args, script_args, scores, num_test_images,
+        model_summary=(
+            f"A speaker-listener pair trained on the `{script_args.dataset}` dataset by cooperative image captioning "
+            "(seed 004, Vered et al. 2019): the speaker captions, the listener finds the image from the caption, and "
+            f"the speaker learns from the listener through its words passed in `{mode}` mode, beside self-critical "
+            f"CIDEr-D. Started from `{script_args.model_name_or_path}`."
+        ),
+        recipe="train_psst.py",
+        training_settings={
+            "start": f"`{script_args.model_name_or_path}`",
+            "objective": f"`psst`, word passing `{mode}`"
+            + (f", ρ = {training_args.psst_rho:g}" if "psst" in mode else ""),
+            "λ (listener loss weight)": f"{training_args.psst_lambda:g}",
+            "naturalness reward": " + ".join(training_args.reward_funcs),
+            "listener learning rate": f"{training_args.listener_learning_rate:g}",
+            "epochs": f"{training_args.num_train_epochs:g}",
+            "learning rate": f"{training_args.learning_rate:g}",
+        },
+        tags=["speaker-listener", "psst"],
+    )  # fmt: skip
+
+
+def main(argv=None):
+    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    if training_args.objective != "psst":
+        raise ValueError(
+            f"train_psst.py trains a speaker and its listener; --objective {training_args.objective} belongs to "
+            "another recipe."
+        )
+    model, processor = load_pretrained_captioner(script_args.model_name_or_path)
+    if isinstance(model, ShowTellRL):
+        model = SpeakerListener.from_speaker(
+            model,
+            listener_hidden_size=script_args.listener_hidden_size,
+            joint_embedding_size=script_args.joint_embedding_size,
+        )
+    dataset = load_recipe_dataset(script_args)
+
+    def listener_scores(test_split):
+        return listener_recall(
+            model.eval(), processor, test_split, batch_size=training_args.per_device_eval_batch_size
+        )
+
+    train_and_finish(model, processor, dataset, script_args, training_args, _model_card, listener_scores)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,16 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parent.parent
-WARM_START = "checkpoints/show-tell-rl-shapes-xe"
-EVALUATOR_CLIP = "checkpoints/shapes-clip-evaluator"
+from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, run_recipe_once, summarise
 
 # method -> the recipe options that select it
 METHODS = {
@@ -58,21 +54,6 @@ def _common_options(seed: int, num_train_images: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _train(run_dir: Path, options: list[str]) -> dict[str, float]:
-    results = run_dir / "eval_results.json"
-    if not results.is_file():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "examples/train_sle.py", "--output_dir", str(run_dir), *options]
-        start = time.perf_counter()
-        with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
-            completed = subprocess.run(command, cwd=REPOSITORY, env=env, stdout=log, stderr=subprocess.STDOUT)
-        if completed.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed; see {run_dir / 'log.txt'}.")
-        print(f"[{run_dir.name}] {time.perf_counter() - start:.0f} s", flush=True)
-    return json.loads(results.read_text())["test"]
-
-
 def _score_warm_start(run_dir: Path, seed: int) -> dict[str, float]:
     """The XE warm start judged with the recipe's own evaluation (no training step)."""
     results = run_dir / "eval_results.json"
@@ -95,26 +76,6 @@ def _score_warm_start(run_dir: Path, seed: int) -> dict[str, float]:
         run_dir.mkdir(parents=True, exist_ok=True)
         results.write_text(json.dumps({"test": {key.removeprefix("test_"): value for key, value in scores.items()}}))
     return json.loads(results.read_text())["test"]
-
-
-def _summary(runs: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
-    summary = {}
-    for key, _ in COLUMNS:
-        values = [run[key] for run in runs if key in run and run[key] is not None]
-        if values:
-            summary[key] = (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
-    return summary
-
-
-def _table(rows: dict[str, dict[str, tuple[float, float]]], num_seeds: dict[str, int]) -> str:
-    lines = [
-        "| method | seeds | " + " | ".join(header for _, header in COLUMNS) + " |",
-        "|---|---|" + "---|" * len(COLUMNS),
-    ]
-    for name, summary in rows.items():
-        cells = [f"{summary[key][0]:.3f} ± {summary[key][1]:.3f}" if key in summary else "" for key, _ in COLUMNS]
-        lines.append(f"| {name} | {num_seeds[name]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def _plot(rows: dict[str, dict[str, tuple[float, float]]], path: Path) -> None:
@@ -164,20 +125,22 @@ def main() -> None:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {
-            name: [pool.submit(_train, run_dir, options) for run_dir, options in runs] for name, runs in jobs.items()
+            name: [pool.submit(run_recipe_once, "train_sle.py", run_dir, options) for run_dir, options in runs]
+            for name, runs in jobs.items()
         }
         results = {"XE": [_score_warm_start(output_dir / f"xe-seed{seed}", seed) for seed in args.seeds]}
         results.update({name: [future.result() for future in runs] for name, runs in futures.items()})
 
-    rows = {name: _summary(runs) for name, runs in results.items()}
+    table = partial(markdown_table, columns=COLUMNS)
+    rows = {name: summarise(runs, [key for key, _ in COLUMNS]) for name, runs in results.items()}
     num_seeds = {name: len(runs) for name, runs in results.items()}
     main_rows = {name: rows[name] for name in ("XE", *METHODS)}
     sweep_rows = {"SLE α=0.75": rows["SLE"], **{name: rows[name] for name in rows if name.startswith("SLE α")}}
     sweep_seeds = {"SLE α=0.75": num_seeds["SLE"], **num_seeds}
     print("\nShapes test split (500 images), from the XE warm start, one epoch each")
-    print(_table(main_rows, num_seeds))
+    print(table(main_rows, num_seeds))
     print("\nSLE alpha sweep")
-    print(_table(sweep_rows, sweep_seeds))
+    print(table(sweep_rows, sweep_seeds))
     (output_dir / "results.json").write_text(json.dumps(results, indent=1))
     _plot({**main_rows, **{name: row for name, row in sweep_rows.items() if name != "SLE α=0.75"}}, args.plot)
     print(f"\nplot: {args.plot}")

@@ -1,0 +1,67 @@
+"""
+What the reproduction benchmarks (`sle_reproduction.py`, `psst_reproduction.py`, ...) share: each run is a recipe of
+`examples/` launched as a user would, once (a run whose `eval_results.json` exists is read, not trained again, so an
+interrupted reproduction continues where it stopped), and the runs of a row are summarised as mean ± standard
+deviation over seeds in a Markdown table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+WARM_START = "checkpoints/show-tell-rl-shapes-xe"
+EVALUATOR_CLIP = "checkpoints/shapes-clip-evaluator"
+
+
+def run_recipe_once(recipe: str, run_dir: Path, options: Sequence[str]) -> dict[str, float]:
+    """
+    Runs `examples/<recipe> --output_dir <run_dir> <options>` on one core (its log in `run_dir/log.txt`) unless the
+    run's test scores exist, and returns them.
+    """
+    results = run_dir / "eval_results.json"
+    if not results.is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, f"examples/{recipe}", "--output_dir", str(run_dir), *options]
+        start = time.perf_counter()
+        with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
+            completed = subprocess.run(command, cwd=REPOSITORY, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if completed.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed; see {run_dir / 'log.txt'}.")
+        print(f"[{run_dir.name}] {time.perf_counter() - start:.0f} s", flush=True)
+    return json.loads(results.read_text())["test"]
+
+
+def summarise(runs: Sequence[Mapping[str, float]], keys: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """`{key: (mean, standard deviation)}` over the runs that report the key (0 deviation for one run)."""
+    summary = {}
+    for key in keys:
+        values = [run[key] for run in runs if run.get(key) is not None]
+        if values:
+            summary[key] = (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
+    return summary
+
+
+def markdown_table(
+    rows: Mapping[str, Mapping[str, tuple[float, float]]],
+    num_runs: Mapping[str, int],
+    columns: Sequence[tuple[str, str]],
+    first_header: str = "method",
+) -> str:
+    """One row per entry of `rows`, one `mean ± s.d.` cell per `(key, header)` of `columns`."""
+    lines = [
+        f"| {first_header} | seeds | " + " | ".join(header for _, header in columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for name, summary in rows.items():
+        cells = [f"{summary[key][0]:.3f} ± {summary[key][1]:.3f}" if key in summary else "" for key, _ in columns]
+        lines.append(f"| {name} | {num_runs[name]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

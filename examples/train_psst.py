@@ -39,7 +39,7 @@ RECIPE_DEFAULTS = {
     "num_train_epochs": 1.0,
     "per_device_train_batch_size": 32,
     "num_samples_per_image": 5,
-    "eval_metrics": ["cider", "bleu"],
+    "eval_metrics": ["cider", "bleu", "rouge_l"],
 }
 
 

@@ -37,7 +37,7 @@ RECIPE_DEFAULTS = {
     "per_device_train_batch_size": 32,
     "num_samples_per_image": 5,
     "eval_num_beams": 5,
-    "eval_metrics": ["cider", "bleu"],
+    "eval_metrics": ["cider", "bleu", "rouge_l"],
     "eval_caption_sets": ["sample", "beam"],
     "eval_caption_set_size": 5,
 }

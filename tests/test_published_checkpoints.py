@@ -20,8 +20,12 @@ from rlcaption.models import ShowTellRL, ShowTellRLConfig
 from rlcaption.processing import CaptionProcessor
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
-# name -> what its card must say about how it was trained
-CAPTIONERS = {"show-tell-rl-shapes-xe": "train_xe.py", "show-tell-rl-shapes-spider-pg-cider": "spider_pg"}
+# name -> (what its card must say about how it was trained, the beams of its recipe's test decoding)
+CAPTIONERS = {
+    "show-tell-rl-shapes-xe": ("train_xe.py", 1),
+    "show-tell-rl-shapes-spider-pg-cider": ("spider_pg", 3),
+    "show-tell-rl-shapes-sle": ("train_sle.py", 5),
+}
 captioners = pytest.mark.parametrize("name", list(CAPTIONERS))
 
 
@@ -71,7 +75,7 @@ def test_checkpoint_card_reports_consensus_and_grounding(name):
     assert {"CIDEr-D", "BLEU-4", "ROUGE-L", "Object F1 (colour+shape)", "Generic captions"} <= set(scores)
     assert 0.0 < scores["CIDEr-D"] and 0.0 <= scores["Generic captions"] <= 1.0
     assert f'ShowTellRL.from_pretrained("rlcaption/{name}")' in card.text
-    assert CAPTIONERS[name] in card.text
+    assert CAPTIONERS[name][0] in card.text
 
 
 @captioners
@@ -135,8 +139,8 @@ def test_checkpoint_reproduces_the_scores_of_its_card(name):
     processor = CaptionProcessor.from_pretrained(CHECKPOINTS / name)
     config = ShowTellRLConfig.from_pretrained(CHECKPOINTS / name)
     shapes = load_shapes(4000, 200, 500, image_size=config.image_size, seed=0)  # the recipes' defaults
-    # the XE card scores greedy captions, the spider_pg card beam-search ones (its recipe's evaluation)
-    num_beams = 1 if name.endswith("-xe") else 3
+    # each card scores its recipe's test decoding: greedy for XE, beam search for the RL recipes
+    num_beams = CAPTIONERS[name][1]
     scores = evaluate_model(model, processor, shapes["test"], metrics=("cider", "bleu"), num_beams=num_beams)
     assert scores["CIDEr"] == pytest.approx(reported["CIDEr-D"], abs=1e-3)
     assert scores["object_f1"] == pytest.approx(reported["Object F1 (colour+shape)"], abs=1e-3)

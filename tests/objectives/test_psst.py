@@ -8,7 +8,7 @@ from rlcaption.data import CaptionCollator, load_shapes
 from rlcaption.listener_evaluation import listener_recall
 from rlcaption.metrics import clip_retrieval
 from rlcaption.models import SpeakerListener
-from rlcaption.objectives.psst import vse_hardest_negative_losses
+from rlcaption.objectives.psst import vse_hardest_negative_losses, vse_mean_violation_losses
 from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
@@ -39,8 +39,9 @@ def make_speaker_listener(processor, seed: int = 0) -> SpeakerListener:
 
 
 def make_trainer(processor, shapes, output_dir, model=None, **fields) -> RLCaptionTrainer:
+    fields = {"max_steps": 3, **fields}
     args = RLCaptionConfig(
-        output_dir=str(output_dir), use_cpu=True, objective="psst", per_device_train_batch_size=4, max_steps=3,
+        output_dir=str(output_dir), use_cpu=True, objective="psst", per_device_train_batch_size=4,
         learning_rate=1e-2, save_strategy="no", logging_steps=1, disable_tqdm=True, num_samples_per_image=2,
         max_caption_length=MAX_LENGTH, **fields,
     )  # fmt: skip
@@ -78,6 +79,53 @@ def test_vse_loss_matches_a_hand_computation():
         ]
     )
     torch.testing.assert_close(similarities.grad, expected_gradient)
+
+
+def test_mean_violation_loss_matches_a_hand_computation():
+    similarities = torch.tensor([[0.9, -0.2, -0.5], [0.1, 0.4, 0.3], [-0.6, 0.7, 0.8]])
+    # caption k's loss: its hinges against the other images (row k) plus image k's against the other captions
+    # (column k), over the 2 negatives of each:
+    #   row 0: 0 + 0; row 1: (1 - 0.4 + 0.1) + (1 - 0.4 + 0.3) = 1.6; row 2: 0 + (1 - 0.8 + 0.7) = 0.9
+    #   column 0: (1 - 0.9 + 0.1) + 0 = 0.2; column 1: (1 - 0.4 - 0.2) + (1 - 0.4 + 0.7) = 1.7; column 2: 0 + 0.5
+    torch.testing.assert_close(vse_mean_violation_losses(similarities), torch.tensor([0.1, 1.65, 0.7]))
+    assert vse_mean_violation_losses(torch.tensor([[0.3]])).tolist() == [0.0]
+
+
+def test_listener_pretraining_trains_the_listener_alone_then_both_learn(processor, shapes, tmp_path):
+    pretraining = make_trainer(processor, shapes, tmp_path / "a", listener_pretraining_steps=2, max_steps=2)
+    speaker_before = {name: tensor.clone() for name, tensor in pretraining.model.speaker.state_dict().items()}
+    listener_before = {name: tensor.clone() for name, tensor in pretraining.model.listener.state_dict().items()}
+    pretraining.train()
+    assert all(torch.equal(speaker_before[name], t) for name, t in pretraining.model.speaker.state_dict().items())
+    listener_after = pretraining.model.listener.state_dict()
+    assert any(not torch.equal(listener_before[name], tensor) for name, tensor in listener_after.items())
+    phases = {entry["objective_phase"] for entry in pretraining.state.log_history if "objective_phase" in entry}
+    assert phases == {0}  # listener_pretraining, the first phase
+
+    joint = make_trainer(processor, shapes, tmp_path / "b", listener_pretraining_steps=2, max_steps=3)
+    joint.train()
+    changed = [
+        name for name, t in joint.model.speaker.state_dict().items() if not torch.equal(speaker_before[name], t)
+    ]
+    assert any(name.startswith("lstm") for name in changed)
+
+
+def test_a_fixed_pretrained_speaker_encoder_becomes_the_listeners_fixed_encoder(processor, tmp_path):
+    speaker = make_show_tell(processor, IMAGE_SIZE, seed=3)
+    speaker.freeze_image_encoder(True)
+    model = SpeakerListener.from_speaker(speaker, listener_hidden_size=16, joint_embedding_size=16)
+    assert model.config.freeze_listener_image_encoder
+    for name, tensor in speaker.image_encoder.state_dict().items():
+        assert torch.equal(model.listener.image_encoder.state_dict()[name], tensor)
+    assert not any(p.requires_grad for p in model.listener.image_encoder.parameters())
+    assert all(p.requires_grad for p in model.listener.caption_rnn.parameters())
+    model.save_pretrained(tmp_path / "saved")
+    loaded = SpeakerListener.from_pretrained(tmp_path / "saved")
+    assert not any(p.requires_grad for p in loaded.listener.image_encoder.parameters())
+    # a trainable speaker encoder is no pretrained feature extractor: the listener learns its own
+    fresh = SpeakerListener.from_speaker(make_show_tell(processor, IMAGE_SIZE, seed=3), joint_embedding_size=16)
+    assert not fresh.config.freeze_listener_image_encoder
+    assert all(p.requires_grad for p in fresh.listener.image_encoder.parameters())
 
 
 def test_vse_loss_of_a_batch_of_one_is_zero_with_a_finite_gradient():

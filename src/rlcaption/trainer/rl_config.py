@@ -190,6 +190,14 @@ class RLCaptionConfig(TrainingArguments):
         default=1.0,
         metadata={"help": "Temperature τ of the Gumbel-softmax in the `gumbel`, `st_gumbel` and `psst_gumbel` modes."},
     )
+    listener_pretraining_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Steps at the start of a `psst` run where only the listener learns, from the words of the fixed "
+            "speaker, by the hinge averaged over all negatives (the hardest-negative hinge of eq. 2 does not train a "
+            "new listener); then the joint phase. 0: joint from the first step."
+        },
+    )
     listener_learning_rate: float = field(
         default=1e-3,
         metadata={
@@ -385,3 +393,5 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(f"gumbel_temperature must be > 0, got {self.gumbel_temperature}.")
         if self.listener_learning_rate <= 0:
             raise ValueError(f"listener_learning_rate must be > 0, got {self.listener_learning_rate}.")
+        if self.listener_pretraining_steps < 0:
+            raise ValueError(f"listener_pretraining_steps must be >= 0, got {self.listener_pretraining_steps}.")

@@ -34,6 +34,10 @@ class SpeakerListenerConfig(PretrainedConfig):
             Size of the joint caption-image space.
         listener_cnn_channels (`list[int]`, *optional*):
             Output channels of the listener's CNN blocks (`"cnn"` speakers); the speaker's `cnn_channels` when unset.
+        freeze_listener_image_encoder (`bool`, *optional*, defaults to `False`):
+            Keep the listener's CNN fixed. [`SpeakerListener.from_speaker`] sets it when it gives the listener a copy
+            of the speaker's pretrained, fixed encoder: the listener then maps fixed pretrained CNN features linearly,
+            as in seed 004 (where both networks read a pretrained ResNet's features).
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of the listener's linear weights.
 
@@ -55,6 +59,7 @@ class SpeakerListenerConfig(PretrainedConfig):
         listener_hidden_size: int = 512,
         joint_embedding_size: int = 512,
         listener_cnn_channels: list[int] | tuple[int, ...] | None = None,
+        freeze_listener_image_encoder: bool = False,
         initializer_range: float = 0.02,
         **kwargs,
     ):
@@ -68,6 +73,7 @@ class SpeakerListenerConfig(PretrainedConfig):
         if listener_cnn_channels is None and speaker_config.encoder_type == "cnn":
             listener_cnn_channels = speaker_config.cnn_channels
         self.listener_cnn_channels = None if listener_cnn_channels is None else list(listener_cnn_channels)
+        self.freeze_listener_image_encoder = freeze_listener_image_encoder
         self.initializer_range = initializer_range
         # the listener reads the speaker's word embeddings, but nothing ties input and output weights
         kwargs["tie_word_embeddings"] = False

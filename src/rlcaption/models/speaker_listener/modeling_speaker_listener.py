@@ -182,6 +182,11 @@ class SpeakerListener(SpeakerListenerPreTrainedModel, GenerationMixin):
         self.speaker = ShowTellRL(config.speaker_config)
         self.listener = Listener(config)
         self.post_init()
+        self._freeze_listener_image_encoder()
+
+    def _freeze_listener_image_encoder(self) -> None:
+        if self.config.freeze_listener_image_encoder:
+            self.listener.image_encoder.requires_grad_(False)
 
     @classmethod
     def from_speaker(cls, speaker: ShowTellRL, **listener_kwargs) -> SpeakerListener:
@@ -189,13 +194,30 @@ class SpeakerListener(SpeakerListenerPreTrainedModel, GenerationMixin):
         A SpeakerListener whose speaker is a copy of `speaker` (e.g. one trained by cross-entropy first, as in seed
         004) and whose listener is new.
 
+        When the speaker's CNN encoder is fixed (pretrained, e.g. on the shapes scene annotations), the listener's
+        image encoder starts as a copy of it and stays fixed: the listener then learns a linear map of fixed
+        pretrained features, as in seed 004, where both networks read a pretrained ResNet. A listener that learns its
+        CNN from scratch beside a GRU needs many epochs before its recall leaves chance (on shapes: batch R@1 still
+        about 0.03 after 150 steps, against 0.15-0.25 with the copied encoder). The copy is the listener's own, so the
+        two networks share no trainable weights.
+
         Args:
             speaker ([`ShowTellRL`]): the captioner to start from; left unchanged.
             listener_kwargs: the listener's fields of [`SpeakerListenerConfig`] (`joint_embedding_size`, ...).
         """
-        model = cls(SpeakerListenerConfig(speaker_config=copy.deepcopy(speaker.config), **listener_kwargs))
+        speaker_config = speaker.config
+        copies_encoder = (
+            speaker_config.encoder_type == "cnn"
+            and speaker_config.freeze_image_encoder
+            and listener_kwargs.get("listener_cnn_channels", speaker_config.cnn_channels)
+            == speaker_config.cnn_channels
+        )
+        listener_kwargs.setdefault("freeze_listener_image_encoder", copies_encoder)
+        model = cls(SpeakerListenerConfig(speaker_config=copy.deepcopy(speaker_config), **listener_kwargs))
         model.speaker.load_state_dict(speaker.state_dict())
         model.speaker.generation_config = copy.deepcopy(speaker.generation_config)
+        if copies_encoder:
+            model.listener.image_encoder.load_state_dict(speaker.image_encoder.state_dict())
         return model.to(speaker.device)
 
     @classmethod
@@ -206,6 +228,7 @@ class SpeakerListener(SpeakerListenerPreTrainedModel, GenerationMixin):
         # `ShowTellRL.from_pretrained` does
         if model.config.speaker_config.encoder_type == "cnn" and model.config.speaker_config.freeze_image_encoder:
             model.speaker.image_encoder.requires_grad_(False)
+        model._freeze_listener_image_encoder()
         return loaded
 
     # ---------------------------------------------------------------- generation, by the speaker

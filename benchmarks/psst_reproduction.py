@@ -1,10 +1,10 @@
 """
 Reproduction of seed 004 (cooperative speaker-listener training, PSST) on shapes: for each way of passing words
 (`st`, `psst`, `gumbel`, `reinforce`) and each λ of the sweep, `examples/train_psst.py` from the published XE warm
-start, judged on the test split by the listener's recall of each image among the whole split from its speaker's
-caption, by an evaluator CLIP's text-to-image recall (which no training used, so a private speaker-listener code does
-not pass for a good caption), and by CIDEr-D, BLEU-4, object F1 and the share of parse failures (language drift);
-then ρ's sweep for `psst`.
+start and a listener first trained alone on its words (once, shared by every run), judged on the test split by the
+listener's recall of each image among the whole split from its speaker's caption, by an evaluator CLIP's text-to-
+image recall (which no training used, so a private speaker-listener code does not pass for a good caption), and by
+CIDEr-D, BLEU-4, object F1 and the share of parse failures (language drift); then ρ's sweep for `psst`.
 
     python benchmarks/psst_reproduction.py --output-dir runs/psst_reproduction --jobs 2
 
@@ -38,12 +38,29 @@ COLUMNS = (
 )
 
 
-def _options(mode: str, lam: float, rho: float, seed: int, max_steps: int) -> list[str]:
+def _common(seed: int) -> list[str]:
     return [
-        "--model_name_or_path", WARM_START, "--psst_mode", mode, "--psst_lambda", f"{lam:g}", "--psst_rho", f"{rho:g}",
-        "--seed", str(seed), "--max_steps", str(max_steps), "--use_cpu", "--save_strategy", "no",
-        "--eval_strategy", "no", "--eval_clip", EVALUATOR_CLIP, "--report_to", "none", "--disable_tqdm", "True",
-        "--logging_steps", "10", "--overwrite_output_dir", "True",
+        "--seed", str(seed), "--use_cpu", "--save_strategy", "no", "--eval_strategy", "no",
+        "--eval_clip", EVALUATOR_CLIP, "--report_to", "none", "--disable_tqdm", "True", "--logging_steps", "25",
+        "--overwrite_output_dir", "True",
+    ]  # fmt: skip
+
+
+def _warm_up_listener(output_dir: Path, steps: int) -> Path:
+    """The XE speaker with a listener trained alone on its words (the paper's separate training): every run's start."""
+    run_dir = output_dir / f"listener-warmup-{steps}"
+    run_recipe_once(
+        "train_psst.py", run_dir,
+        ["--model_name_or_path", WARM_START, "--listener_pretraining_steps", str(steps), "--max_steps", str(steps),
+         *_common(0)],
+    )  # fmt: skip
+    return run_dir
+
+
+def _options(start: Path, mode: str, lam: float, rho: float, seed: int, max_steps: int) -> list[str]:
+    return [
+        "--model_name_or_path", str(start), "--psst_mode", mode, "--psst_lambda", f"{lam:g}", "--psst_rho", f"{rho:g}",
+        "--max_steps", str(max_steps), *_common(seed),
     ]  # fmt: skip
 
 
@@ -87,11 +104,15 @@ def main() -> None:
     parser.add_argument("--rhos", type=float, nargs="*", default=[0.0, 0.5, 1.0], help="psst's ρ besides 0.25.")
     parser.add_argument("--rho-lambda", type=float, default=5e-3, help="λ of the ρ sweep.")
     parser.add_argument("--max-steps", type=int, default=125, help="Training steps of every run (125: one epoch).")
+    parser.add_argument(
+        "--listener-warmup-steps", type=int, default=1000, help="Steps of the shared listener warm-up."
+    )
     parser.add_argument("--fixed-cider", type=float, default=None, help="CIDEr-D of the fixed-CIDEr comparison.")
     parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
     parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "psst_lambda_sweep.png")
     args = parser.parse_args()
     output_dir = args.output_dir.resolve()
+    start = _warm_up_listener(output_dir, args.listener_warmup_steps)
 
     jobs = {}  # (mode, λ, ρ) -> [(run dir, options)]
     for mode in args.modes:
@@ -99,7 +120,7 @@ def main() -> None:
             jobs[(mode, lam, 0.25)] = [
                 (
                     output_dir / f"{mode}-lambda{lam * 1e3:g}e-3-seed{seed}",
-                    _options(mode, lam, 0.25, seed, args.max_steps),
+                    _options(start, mode, lam, 0.25, seed, args.max_steps),
                 )
                 for seed in args.seeds
             ]
@@ -107,7 +128,7 @@ def main() -> None:
         jobs[("psst", args.rho_lambda, rho)] = [
             (
                 output_dir / f"psst-lambda{args.rho_lambda * 1e3:g}e-3-rho{rho:g}-seed{seed}",
-                _options("psst", args.rho_lambda, rho, seed, args.max_steps),
+                _options(start, "psst", args.rho_lambda, rho, seed, args.max_steps),
             )
             for seed in args.seeds
         ]
@@ -126,8 +147,14 @@ def main() -> None:
     rows = {name[key]: summarise(runs, keys) for key, runs in results.items()}
     num_runs = {name[key]: len(runs) for key, runs in results.items()}
     lambda_rows = [name[key] for key in results if key[2] == 0.25 or key[0] != "psst"]
-    print(f"\nShapes test split (500 images), {args.max_steps} steps from the XE warm start: λ sweep")
-    print(table({row: rows[row] for row in lambda_rows}, num_runs))
+    warm_up = summarise([json.loads((start / "eval_results.json").read_text())["test"]], keys)
+    print(f"\nShapes test split (500 images), {args.max_steps} steps from the XE speaker and its warmed-up listener")
+    print(
+        table(
+            {"XE + warmed-up listener": warm_up, **{row: rows[row] for row in lambda_rows}},
+            {**num_runs, "XE + warmed-up listener": 1},
+        )
+    )
     rho_rows = [name[key] for key in results if key[0] == "psst" and key[1] == args.rho_lambda]
     print(f"\nρ sweep of psst at λ={args.rho_lambda * 1e3:g}e-3")
     print(table({row: rows[row] for row in sorted(rho_rows)}, num_runs))

@@ -8,7 +8,10 @@ warm start:
 The XE captioner becomes the speaker of a new `SpeakerListener`; the speaker and its listener then minimise
 `λ · l_disc + (1 − λ) · l_nat` (`--psst_lambda`, 5e-3): the listener's VSE++ hardest-negative loss on the words the
 speaker passes (`--psst_mode st | psst | gumbel | st_gumbel | psst_gumbel | reinforce`, `--psst_rho` 0.25) and
-`−CIDEr-D` by self-critical REINFORCE. `--model_name_or_path` also takes a `SpeakerListener` checkpoint.
+`−CIDEr-D` by self-critical REINFORCE. A new listener first learns alone from the fixed speaker's words for
+`--listener_pretraining_steps` (the hardest-negative hinge does not train a listener from scratch); its image
+encoder is a fixed copy of the XE speaker's scene-pretrained CNN. `--model_name_or_path` also takes a
+`SpeakerListener` checkpoint (e.g. one whose listener was warmed up by an earlier run).
 
 The test split is scored at the end: the consensus metrics and scene grounding of the speaker's captions (beam search,
 `--eval_num_beams`), the evaluator CLIP's retrieval with `--eval_clip` (so that a private speaker-listener code does
@@ -40,6 +43,7 @@ RECIPE_DEFAULTS = {
     "per_device_train_batch_size": 32,
     "num_samples_per_image": 5,
     "eval_metrics": ["cider", "bleu", "rouge_l"],
+    "listener_learning_rate": 2e-3,
 }
 
 
@@ -71,6 +75,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
             "λ (listener loss weight)": f"{training_args.psst_lambda:g}",
             "naturalness reward": " + ".join(training_args.reward_funcs),
             "listener learning rate": f"{training_args.listener_learning_rate:g}",
+            "listener warm-up steps (speaker fixed)": training_args.listener_pretraining_steps,
             "epochs": f"{training_args.num_train_epochs:g}",
             "learning rate": f"{training_args.learning_rate:g}",
         },

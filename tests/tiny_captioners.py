@@ -29,7 +29,7 @@ from transformers import (
     ViTImageProcessorPil,
 )
 
-from rlcaption.models import ShowTellRL, ShowTellRLConfig
+from rlcaption.recipes import new_show_tell_rl
 
 __all__ = [
     "FOREIGN_CAPTIONERS",
@@ -60,21 +60,9 @@ def make_show_tell(
     image_attention: bool = False,
 ):
     torch.manual_seed(seed)
-    tokenizer = processor.tokenizer
-    config = ShowTellRLConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        word_embedding_size=hidden_size,
-        encoder_type="cnn",
-        image_size=image_size,
-        cnn_channels=[8, 8, 16, 16],
-        image_attention=image_attention,
-        dropout=dropout,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+    return new_show_tell_rl(
+        processor, image_size, [8, 8, 16, 16], hidden_size, image_attention=image_attention, dropout=dropout
     )
-    return ShowTellRL(config)
 
 
 def make_gpt2_tokenizer(captions: list[str]) -> GPT2TokenizerFast:

@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 from rlcaption import decoding
-from rlcaption.data import load_shapes
 from rlcaption.decoding import (
     caption_logits,
     caption_token_mask,
@@ -15,7 +14,6 @@ from rlcaption.decoding import (
 )
 from rlcaption.objectives import policy_gradient_loss
 from rlcaption.objectives.scst import greedy_caption_rewards, mean_token_entropy
-from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
 
@@ -113,20 +111,6 @@ def test_entropy_bonus_gradient_equals_the_hand_computed_gradient(monkeypatch):
     assert torch.allclose(logits.grad, expected, atol=1e-12)
     assert torch.count_nonzero(logits.grad[0, 0]) == 0  # the uniform distribution is a maximum of the entropy
     assert torch.count_nonzero(logits.grad[1, 2]) == 0  # padding
-
-
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    return load_shapes(
-        num_train=8, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=5,
-        cache_dir=tmp_path_factory.mktemp("shapes_cache"),
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def processor(shapes):
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
 
 
 def test_log_probs_and_entropies_are_scored_in_evaluation_mode_like_sample_token_log_probs(processor, shapes):

@@ -4,12 +4,11 @@ import pytest
 import torch
 
 import rlcaption.objectives.psst  # noqa: F401  (registers the `psst` objective)
-from rlcaption.data import CaptionCollator, load_shapes
+from rlcaption.data import CaptionCollator
 from rlcaption.listener_evaluation import listener_recall
 from rlcaption.metrics import clip_retrieval
 from rlcaption.models import SpeakerListener
 from rlcaption.objectives.psst import vse_hardest_negative_losses, vse_mean_violation_losses
-from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
 from tiny_clips import make_shapes_clip
@@ -17,20 +16,6 @@ from tiny_clips import make_shapes_clip
 IMAGE_SIZE = 48
 MAX_LENGTH = 8
 WORD_PASSING_MODES = ["st", "psst", "gumbel", "st_gumbel", "psst_gumbel", "reinforce"]
-
-
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    return load_shapes(
-        num_train=16, num_validation=8, num_test=4, image_size=IMAGE_SIZE, seed=5,
-        cache_dir=tmp_path_factory.mktemp("shapes_cache"),
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def processor(shapes):
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
 
 
 def make_speaker_listener(processor, seed: int = 0) -> SpeakerListener:

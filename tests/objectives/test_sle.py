@@ -3,12 +3,10 @@ import math
 import pytest
 import torch
 
-from rlcaption.data import load_shapes
 from rlcaption.decoding import caption_token_mask, sample_token_log_probs
 from rlcaption.metrics.diversity import pairwise_caption_distances
 from rlcaption.objectives import policy_gradient_loss, sequence_level_exploration_loss
 from rlcaption.objectives.sle import sequence_level_exploration_advantages
-from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
 
@@ -97,20 +95,6 @@ def test_advantages_reject_inconsistent_shapes_and_alpha():
 
 
 # ---------------------------------------------------------------- the objective in the trainer
-
-
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    return load_shapes(
-        num_train=16, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=5,
-        cache_dir=tmp_path_factory.mktemp("shapes_cache"),
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def processor(shapes):
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
 
 
 def make_trainer(model, processor, dataset, output_dir, **overrides):

@@ -7,7 +7,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from rlcaption.data import load_shapes
 from rlcaption.decoding import caption_token_mask, generate_captions
 from rlcaption.objectives import spider_pg as spider_pg_module
 from rlcaption.objectives.spider_pg import (
@@ -19,27 +18,12 @@ from rlcaption.objectives.spider_pg import (
     sample_rollouts_per_prefix,
     spider_pg_losses,
 )
-from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell, make_vision_encoder_decoder
 
 IMAGE_SIZE = 48
 MAX_LENGTH = 10
 BOS, EOS, PAD = 1, 2, 0
-
-
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    return load_shapes(
-        num_train=16, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=5,
-        cache_dir=tmp_path_factory.mktemp("shapes_cache"),
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def processor(shapes):
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from .psst import PSSTObjective
 from .scst import SCSTObjective, policy_gradient_loss
 from .sle import SLEObjective, sequence_level_exploration_loss
 from .spider_pg import SpiderPGObjective
+from .wtf import WTFObjective
 from .xe import XEObjective
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "SLEObjective",
     "SpiderPGObjective",
     "TrainingPhase",
+    "WTFObjective",
     "XEObjective",
     "available_objectives",
     "get_objective_class",

@@ -26,6 +26,7 @@ from .base import (
     row_keys,
 )
 from .clip_rewards import ClipScoreReward
+from .contrastive import ContrastiveReward  # noqa: F401  (registers the `clip_contrastive` reward)
 from .metric_rewards import (
     BleuReward,
     CiderReward,

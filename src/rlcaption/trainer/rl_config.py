@@ -206,6 +206,98 @@ class RLCaptionConfig(TrainingArguments):
         },
     )
 
+    # > wtf (seed 003: CLIP-guided RL with ground-truth captions, WTF-RL)
+    wtf_variant: str = field(
+        default="wtf_rl",
+        metadata={
+            "help": "Which trajectories `wtf` trains on (seed 003's Table 1): `wtf_rl` (eq. 3: the beam-search "
+            "caption by RL plus the reward-weighted ground-truth caption), `wtf` (the weighted ground truth only), "
+            "`rl` (the beam-search caption only), `rl_unidirectional` (`rl` with the image-to-text part r_i2t only), "
+            "`scst_discriminator` (`rl` with the CLIP similarity minus the greedy caption's as similarity reward) "
+            "or `tf` (unweighted teacher forcing of the ground truth, the control)."
+        },
+    )
+    wtf_alpha: float = field(
+        default=0.94,
+        metadata={
+            "help": "α of seed 003's reward `α · r_bicont + (1 − α) · p_D`: the contrastive CLIP reward against the "
+            "discriminator's probability that the caption is human-written. The paper uses 0.94."
+        },
+    )
+    wtf_num_beams: int = field(
+        default=5,
+        metadata={"help": "Beam size of the beam-search caption `wtf` trains on and the discriminator sees."},
+    )
+    reward_clip: str | None = field(
+        default=None,
+        metadata={
+            "help": "The fixed CLIP (local folder or Hub id) of the `wtf` rewards, e.g. "
+            "`checkpoints/shapes-clip-reward`: it embeds captions for the contrastive reward and the discriminator, "
+            "and mines the training images' neighbours."
+        },
+    )
+    contrastive_temperature: float | None = field(
+        default=None,
+        metadata={
+            "help": "τ of seed 003's contrastive reward (eq. 2). The paper gives no value; by default the reward "
+            "CLIP's own learned temperature `1 / exp(logit_scale)` (0.01 for OpenAI CLIP, as the authors' code uses), "
+            "so that the reward follows the contrastive objective the CLIP was trained with."
+        },
+    )
+    num_mined_neighbours: int = field(
+        default=5,
+        metadata={
+            "help": "Most similar training images (CLIP image space, mined once before training and kept in "
+            "`<output_dir>/mined_neighbours.safetensors`) added for each batch image to the images of `wtf`'s "
+            "text-to-image reward; 0 uses the batch's images only."
+        },
+    )
+    discriminator_learning_rate: float = field(
+        default=7e-5,
+        metadata={
+            "help": "Learning rate of the `wtf` discriminator (its own optimizer parameter group, no weight decay), "
+            "scheduled like `learning_rate`; 7e-5 as in the authors' code."
+        },
+    )
+    discriminator_pretraining_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Optimizer steps at the start of `wtf` that train only the discriminator, to tell the ground "
+            "truth from the fixed policy's beam-search captions (the paper pretrains it so that it guides the policy "
+            "from the first step); then both train. 0: joint from the first step."
+        },
+    )
+    discriminator_hidden_size: int = field(
+        default=512,
+        metadata={"help": "Hidden width of the `wtf` discriminator, a 3-layer MLP on the CLIP text embedding."},
+    )
+
+    # > actor_critic (seed 001: a policy network and a value network, the value as the baseline)
+    value_learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "Learning rate of the `actor_critic` value network (its own optimizer parameter group, no weight "
+            "decay), scheduled like `learning_rate`; `learning_rate` when unset. The value network is a regression "
+            "that can learn faster than the policy."
+        },
+    )
+    value_pretraining_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Optimizer steps at the start of `actor_critic` that regress the value network on the rewards of "
+            "captions sampled from the fixed policy (seed 001's training step 3), so that joint training starts "
+            "with a value network that predicts the reward; then both networks learn. 0: joint from the first step."
+        },
+    )
+    value_loss_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Weight of the value network's mean squared error in the joint `actor_critic` loss. Only the "
+            "value network receives this gradient; with Adam its step size is set by `value_learning_rate`, not by "
+            "this weight."
+        },
+    )
+
     # > Logging
     log_completions: bool = field(
         default=True,
@@ -395,3 +487,38 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(f"listener_learning_rate must be > 0, got {self.listener_learning_rate}.")
         if self.listener_pretraining_steps < 0:
             raise ValueError(f"listener_pretraining_steps must be >= 0, got {self.listener_pretraining_steps}.")
+        from ..objectives.wtf import WTF_VARIANTS
+
+        if self.wtf_variant not in WTF_VARIANTS:
+            raise ValueError(f"wtf_variant={self.wtf_variant!r} is not one of {WTF_VARIANTS}.")
+        if not 0.0 <= self.wtf_alpha <= 1.0:
+            raise ValueError(f"wtf_alpha weighs two rewards and must be in [0, 1], got {self.wtf_alpha}.")
+        if self.wtf_num_beams < 1:
+            raise ValueError(f"wtf_num_beams must be >= 1, got {self.wtf_num_beams}.")
+        if self.reward_clip is not None and not self.reward_clip:
+            raise ValueError("reward_clip='' names no CLIP: give a folder or Hub id (checkpoints/shapes-clip-reward).")
+        if self.objective == "wtf" and self.reward_clip is None:
+            raise ValueError(
+                "objective='wtf' rewards captions with a CLIP: set reward_clip to a folder or Hub id (e.g. "
+                "checkpoints/shapes-clip-reward)."
+            )
+        if self.contrastive_temperature is not None and self.contrastive_temperature <= 0:
+            raise ValueError(
+                f"contrastive_temperature must be > 0, or None for the CLIP's own; got {self.contrastive_temperature}."
+            )
+        if self.num_mined_neighbours < 0:
+            raise ValueError(f"num_mined_neighbours must be >= 0, got {self.num_mined_neighbours}.")
+        if self.discriminator_learning_rate <= 0:
+            raise ValueError(f"discriminator_learning_rate must be > 0, got {self.discriminator_learning_rate}.")
+        if self.discriminator_pretraining_steps < 0:
+            raise ValueError(
+                f"discriminator_pretraining_steps must be >= 0, got {self.discriminator_pretraining_steps}."
+            )
+        if self.discriminator_hidden_size < 1:
+            raise ValueError(f"discriminator_hidden_size must be >= 1, got {self.discriminator_hidden_size}.")
+        if self.value_learning_rate is not None and self.value_learning_rate <= 0:
+            raise ValueError(f"value_learning_rate must be > 0 or None, got {self.value_learning_rate}.")
+        if self.value_pretraining_steps < 0:
+            raise ValueError(f"value_pretraining_steps must be >= 0, got {self.value_pretraining_steps}.")
+        if self.value_loss_weight < 0:
+            raise ValueError(f"value_loss_weight must be >= 0, got {self.value_loss_weight}.")

@@ -411,6 +411,17 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=self.args.max_caption_length)
         return generate_captions(self._generation_model(), self.processing_class, image_inputs, greedy)
 
+    def beam_search_captions(self, image_inputs: Mapping[str, torch.Tensor], num_beams: int) -> GeneratedCaptions:
+        """
+        The best caption of a beam search of width `num_beams` for every image (the trajectory seed 003 trains on),
+        of at most `args.max_caption_length` tokens; the model's own generation settings are ignored, as in
+        [`sample_captions`].
+        """
+        beam_search = GenerationConfig(
+            do_sample=False, num_beams=num_beams, max_new_tokens=self.args.max_caption_length
+        )
+        return generate_captions(self._generation_model(), self.processing_class, image_inputs, beam_search)
+
     # ------------------------------------------------------------------ optimizer
     def create_optimizer(self, model=None):
         # One parameter group per auxiliary network, with its own learning rate and weight decay, in the one

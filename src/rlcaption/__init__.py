@@ -5,6 +5,8 @@ from .data import CaptionCollator, load_caption_dataset, load_coco, load_karpath
 from .evaluation import evaluate_model
 from .metrics import evaluate_captions
 from .models import (
+    PolicyValueCaptioner,
+    PolicyValueConfig,
     ShapesCLIPConfig,
     ShapesCLIPModel,
     ShowTellRL,
@@ -13,6 +15,8 @@ from .models import (
     ShowTellRLState,
     SpeakerListener,
     SpeakerListenerConfig,
+    VisualSemanticEmbedding,
+    VisualSemanticEmbeddingConfig,
 )
 from .processing import CaptionProcessor
 from .rewards import RewardMix, available_rewards, get_reward, register_reward
@@ -22,6 +26,8 @@ from .word_passing import WORD_PASSING_MODES, PassedWords, decode_with_word_pass
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "PolicyValueCaptioner",
+    "PolicyValueConfig",
     "CaptionCollator",
     "CaptionProcessor",
     "PassedWords",
@@ -36,6 +42,8 @@ __all__ = [
     "ShowTellRLState",
     "SpeakerListener",
     "SpeakerListenerConfig",
+    "VisualSemanticEmbedding",
+    "VisualSemanticEmbeddingConfig",
     "WORD_PASSING_MODES",
     "available_rewards",
     "decode_with_word_passing",

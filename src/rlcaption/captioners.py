@@ -8,6 +8,7 @@ family provides them its own way:
 - `ShowTellRL`: bos and eos; `model(input_ids, pixel_values | image_features)`, each image encoded once for all
   its captions.
 - `SpeakerListener` (seed 004): the same through its speaker, a `ShowTellRL`, whose generation config is the model's.
+- `PolicyValueCaptioner` (seed 001): the same through its policy network, a `ShowTellRL`.
 - `VisionEncoderDecoderModel` (GPT-2, BERT, ... decoder): decoder_start_token_id and eos;
   `model(pixel_values, decoder_input_ids)`.
 - `BlipForConditionalGeneration`: the text decoder's bos and sep tokens (what its `generate` uses);
@@ -43,6 +44,7 @@ __all__ = [
     "CaptionTokens",
     "Captioner",
     "GitCaptioner",
+    "PolicyNetworkCaptioner",
     "ShowTellRLCaptioner",
     "SpeakerListenerCaptioner",
     "VisionEncoderDecoderCaptioner",
@@ -255,6 +257,23 @@ class SpeakerListenerCaptioner(ShowTellRLCaptioner):
         return ShowTellRLCaptioner(self.model.speaker).tokens  # the special tokens are the speaker's
 
 
+class PolicyNetworkCaptioner(ShowTellRLCaptioner):
+    """
+    rlcaption's PolicyValueCaptioner (seed 001): captions with its policy network, a ShowTellRL. Its `forward` and
+    `generate` are the policy's (without `lookahead_lambda`, `generate` is the policy's alone, as RL sampling needs),
+    and its `generation_config` is the policy's own, so it is captioned as a ShowTellRL is.
+    """
+
+    family = "PolicyValueCaptioner"
+
+    @classmethod
+    def handles(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) == "policy_value"
+
+    def _caption_tokens(self) -> CaptionTokens:
+        return ShowTellRLCaptioner(self.model.policy).tokens  # the special tokens are the policy's
+
+
 class VisionEncoderDecoderCaptioner(Captioner):
     """`VisionEncoderDecoderModel` with any decoder (GPT-2, BERT, ...): the caption is the decoder's input."""
 
@@ -334,6 +353,7 @@ class GitCaptioner(Captioner):
 _CAPTIONERS: tuple[type[Captioner], ...] = (
     ShowTellRLCaptioner,
     SpeakerListenerCaptioner,
+    PolicyNetworkCaptioner,
     VisionEncoderDecoderCaptioner,
     BlipCaptioner,
     GitCaptioner,

@@ -19,9 +19,11 @@ saving; the code saved next to the weights is then standalone:
 
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor
 
+from rlcaption.models.policy_value import PolicyValueCaptioner, PolicyValueConfig
 from rlcaption.models.shapes_clip import ShapesCLIPConfig, ShapesCLIPModel
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig
 from rlcaption.models.speaker_listener import SpeakerListener, SpeakerListenerConfig
+from rlcaption.models.visual_semantic_embedding import VisualSemanticEmbedding, VisualSemanticEmbeddingConfig
 from rlcaption.processing import CaptionProcessor
 
 __all__: list[str] = []
@@ -39,3 +41,12 @@ AutoProcessor.register(SpeakerListenerConfig, CaptionProcessor, exist_ok=True)
 AutoConfig.register(ShapesCLIPConfig.model_type, ShapesCLIPConfig, exist_ok=True)
 AutoModel.register(ShapesCLIPConfig, ShapesCLIPModel, exist_ok=True)
 AutoProcessor.register(ShapesCLIPConfig, CaptionProcessor, exist_ok=True)
+
+AutoConfig.register(PolicyValueConfig.model_type, PolicyValueConfig, exist_ok=True)
+AutoModel.register(PolicyValueConfig, PolicyValueCaptioner, exist_ok=True)
+AutoModelForImageTextToText.register(PolicyValueConfig, PolicyValueCaptioner, exist_ok=True)
+AutoProcessor.register(PolicyValueConfig, CaptionProcessor, exist_ok=True)
+
+AutoConfig.register(VisualSemanticEmbeddingConfig.model_type, VisualSemanticEmbeddingConfig, exist_ok=True)
+AutoModel.register(VisualSemanticEmbeddingConfig, VisualSemanticEmbedding, exist_ok=True)
+AutoProcessor.register(VisualSemanticEmbeddingConfig, CaptionProcessor, exist_ok=True)

@@ -1,5 +1,6 @@
 """Training objectives, one module each; importing this package registers the built-in ones."""
 
+from .actor_critic import ActorCriticObjective
 from .base import (
     AuxiliaryNetwork,
     CaptionObjective,
@@ -16,6 +17,7 @@ from .wtf import WTFObjective
 from .xe import XEObjective
 
 __all__ = [
+    "ActorCriticObjective",
     "AuxiliaryNetwork",
     "CaptionObjective",
     "PSSTObjective",

@@ -27,6 +27,7 @@ from .base import (
 )
 from .clip_rewards import ClipScoreReward
 from .contrastive import ContrastiveReward  # noqa: F401  (registers the `clip_contrastive` reward)
+from .embedding import EmbeddingReward  # noqa: F401  (registers the `embedding` reward)
 from .metric_rewards import (
     BleuReward,
     CiderReward,

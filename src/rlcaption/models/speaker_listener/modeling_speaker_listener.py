@@ -26,13 +26,13 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 
 from rlcaption.decoding import caption_token_mask
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLState
+from rlcaption.models.visual_semantic_embedding import CaptionImageEmbedding
 from rlcaption.word_passing import soft_word_embeddings
 
 from .configuration_speaker_listener import SpeakerListenerConfig
@@ -40,10 +40,12 @@ from .configuration_speaker_listener import SpeakerListenerConfig
 __all__ = ["Listener", "SpeakerListener", "SpeakerListenerPreTrainedModel"]
 
 
-class Listener(nn.Module):
+class Listener(CaptionImageEmbedding):
     """
     Seed 004's listener: embeds captions and images into a joint space of `config.joint_embedding_size`, L2-normalised,
-    so that the dot product of a caption and an image embedding is their cosine similarity `Φ(w, I)`.
+    so that the dot product of a caption and an image embedding is their cosine similarity `Φ(w, I)`. It is the
+    visual-semantic embedding network [`CaptionImageEmbedding`] (seed 001's embedding reward is one too), with an
+    image encoder like the speaker's.
 
     It has no word embeddings of its own: every call takes the speaker's word embedding matrix, so that the words
     keep the meaning the speaker gives them and the listener's loss also trains the speaker's embeddings.
@@ -53,17 +55,16 @@ class Listener(nn.Module):
     """
 
     def __init__(self, config: SpeakerListenerConfig):
-        super().__init__()
         speaker_config = config.speaker_config
         if speaker_config.encoder_type == "cnn":
-            self.image_encoder = ConvImageEncoder(
+            image_encoder = ConvImageEncoder(
                 speaker_config.image_size, speaker_config.num_channels, list(config.listener_cnn_channels)
             )
         else:
-            self.image_encoder = PrecomputedFeatureEncoder(speaker_config.image_feature_size)
-        self.image_projection = nn.Linear(self.image_encoder.output_size, config.joint_embedding_size)
-        self.caption_rnn = nn.GRU(speaker_config.word_embedding_size, config.listener_hidden_size, batch_first=True)
-        self.caption_projection = nn.Linear(config.listener_hidden_size, config.joint_embedding_size)
+            image_encoder = PrecomputedFeatureEncoder(speaker_config.image_feature_size)
+        super().__init__(
+            image_encoder, speaker_config.word_embedding_size, config.listener_hidden_size, config.joint_embedding_size
+        )
 
     def embed_captions(
         self,
@@ -93,37 +94,7 @@ class Listener(nn.Module):
         else:
             weight = word_embeddings.weight if isinstance(word_embeddings, nn.Embedding) else word_embeddings
             inputs = F.embedding(captions, weight)  # (B, T, W)
-        if caption_mask is None:
-            lengths = torch.full((inputs.shape[0],), inputs.shape[1], dtype=torch.long)
-        else:
-            lengths = caption_mask.long().sum(dim=1).cpu()
-        if bool((lengths < 1).any()):
-            raise ValueError(f"Every caption needs at least one step (its end token); got lengths {lengths.tolist()}.")
-        packed = pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)
-        _, last_state = self.caption_rnn(packed)  # (1, B, H), in the captions' order
-        return F.normalize(self.caption_projection(last_state[0]), dim=-1)
-
-    def embed_images(
-        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
-    ) -> torch.FloatTensor:
-        """
-        Embeds images with the listener's own encoder.
-
-        Args:
-            pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
-                Images, for a `"cnn"` speaker.
-            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
-                The speaker's precomputed features, for a `"features"` speaker.
-
-        Returns:
-            `torch.FloatTensor` of shape `(batch_size, joint_embedding_size)`, of unit norm.
-        """
-        images = pixel_values if isinstance(self.image_encoder, ConvImageEncoder) else image_features
-        if images is None:
-            expected = "pixel_values" if isinstance(self.image_encoder, ConvImageEncoder) else "image_features"
-            raise ValueError(f"This listener reads the images as its speaker does: pass {expected}.")
-        features = self.image_encoder(images.to(self.image_projection.weight.dtype))  # (B, F)
-        return F.normalize(self.image_projection(features), dim=-1)
+        return self.embed_word_vectors(inputs, caption_mask)
 
     def forward(
         self,

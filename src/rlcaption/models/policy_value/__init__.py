@@ -1,0 +1,18 @@
+"""PolicyValueCaptioner: the policy network and value network of seed 001, with lookahead decoding."""
+
+from .configuration_policy_value import VALUE_ENCODER_TYPES, PolicyValueConfig
+from .modeling_policy_value import (
+    PolicyValueCaptioner,
+    PolicyValuePreTrainedModel,
+    ValueLookaheadLogitsProcessor,
+    ValueNetwork,
+)
+
+__all__ = [
+    "VALUE_ENCODER_TYPES",
+    "PolicyValueCaptioner",
+    "PolicyValueConfig",
+    "PolicyValuePreTrainedModel",
+    "ValueLookaheadLogitsProcessor",
+    "ValueNetwork",
+]

@@ -1,0 +1,115 @@
+"""Configuration of PolicyValueCaptioner, the policy and value networks of seed 001 (Ren et al. 2017)."""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from rlcaption.models.show_tell_rl import ShowTellRLConfig
+
+__all__ = ["VALUE_ENCODER_TYPES", "PolicyValueConfig"]
+
+# The policy encoders the value network can mirror with an image encoder of its own: a small CNN, or a linear map of
+# the same precomputed features. A second vision backbone is not built.
+VALUE_ENCODER_TYPES = ("cnn", "features")
+
+
+class PolicyValueConfig(PretrainedConfig):
+    r"""
+    Configuration of [`PolicyValueCaptioner`]: a [`ShowTellRL`] policy network (its config nested as
+    `policy_config`) and a value network `v(s_t)` that predicts the final reward of a caption from the image and a
+    partial caption: its own image encoder (a CNN like the policy's, or the policy's precomputed features) mapped to
+    `value_hidden_size`, its own word embeddings and GRU over the partial caption, and a three-layer perceptron on the
+    concatenated image embedding and GRU state (seed 001, Fig. 3; a 3-layer perceptron in its Sec. 4.1).
+
+    Args:
+        policy_config ([`ShowTellRLConfig`] or `dict`, *optional*):
+            The policy; a default [`ShowTellRLConfig`] when unset. Its `encoder_type` must be one of
+            `VALUE_ENCODER_TYPES`, which the value network's image encoder mirrors.
+        value_word_embedding_size (`int`, *optional*, defaults to 512):
+            Width of the value network's word embeddings.
+        value_hidden_size (`int`, *optional*, defaults to 512):
+            State size of the value network's GRU, and width of its image embedding.
+        value_mlp_hidden_size (`int`, *optional*, defaults to 512):
+            Width of the two hidden layers of the value network's perceptron.
+        value_cnn_channels (`list[int]`, *optional*):
+            Output channels of the value network's CNN blocks (`"cnn"` policies); the policy's `cnn_channels` when
+            unset.
+        freeze_value_image_encoder (`bool`, *optional*, defaults to `False`):
+            Keep the value network's CNN fixed. [`PolicyValueCaptioner.from_policy`] sets it when it gives the value
+            network a copy of the policy's pretrained, fixed encoder.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the normal initialisation of the value network's linear and embedding weights.
+
+    Example:
+
+    ```python
+    >>> from rlcaption.models import PolicyValueCaptioner, PolicyValueConfig, ShowTellRLConfig
+    >>> policy_config = ShowTellRLConfig(vocab_size=200, hidden_size=256, word_embedding_size=256)
+    >>> model = PolicyValueCaptioner(PolicyValueConfig(policy_config=policy_config, value_hidden_size=128))
+    ```
+    """
+
+    model_type = "policy_value"
+    sub_configs_defaults = {"policy_config": ShowTellRLConfig}
+
+    def __init__(
+        self,
+        policy_config: ShowTellRLConfig | dict | None = None,
+        value_word_embedding_size: int = 512,
+        value_hidden_size: int = 512,
+        value_mlp_hidden_size: int = 512,
+        value_cnn_channels: list[int] | tuple[int, ...] | None = None,
+        freeze_value_image_encoder: bool = False,
+        initializer_range: float = 0.02,
+        **kwargs,
+    ):
+        if policy_config is None:
+            policy_config = ShowTellRLConfig()
+        elif isinstance(policy_config, dict):
+            policy_config = ShowTellRLConfig(**policy_config)
+        self.policy_config = policy_config
+        self.value_word_embedding_size = value_word_embedding_size
+        self.value_hidden_size = value_hidden_size
+        self.value_mlp_hidden_size = value_mlp_hidden_size
+        if value_cnn_channels is None and policy_config.encoder_type == "cnn":
+            value_cnn_channels = policy_config.cnn_channels
+        self.value_cnn_channels = None if value_cnn_channels is None else list(value_cnn_channels)
+        self.freeze_value_image_encoder = freeze_value_image_encoder
+        self.initializer_range = initializer_range
+        # the value network has its own word embeddings, and nothing ties the policy's input and output weights
+        kwargs["tie_word_embeddings"] = False
+        super().__init__(**kwargs)
+        self._validate_value_fields()
+
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> ShowTellRLConfig:
+        """The policy's config: the policy writes the captions, so its vocabulary and special tokens are the model's
+        (those the Trainer aligns with the tokenizer, and generation reads)."""
+        return self.policy_config
+
+    def _validate_value_fields(self) -> None:
+        if not isinstance(self.policy_config, ShowTellRLConfig):
+            raise ValueError(
+                f"PolicyValueConfig.policy_config must be a ShowTellRLConfig or its dict, got "
+                f"{type(self.policy_config).__name__}."
+            )
+        for name in ("value_word_embedding_size", "value_hidden_size", "value_mlp_hidden_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"PolicyValueConfig.{name} must be a positive int, got {value!r}.")
+        encoder_type = self.policy_config.encoder_type
+        if encoder_type not in VALUE_ENCODER_TYPES:
+            raise ValueError(
+                f"The value network builds an image encoder like the policy's, which is {encoder_type!r}; it supports "
+                f"{VALUE_ENCODER_TYPES}. For a vision backbone, extract features once (`rlcaption extract-features`) "
+                "and use encoder_type='features' for the policy."
+            )
+        if encoder_type == "cnn":
+            channels = self.value_cnn_channels
+            if not channels or any(not isinstance(c, int) or c < 1 for c in channels):
+                raise ValueError(f"value_cnn_channels must be a non-empty list of positive ints, got {channels!r}.")
+            reduction = 2 ** len(channels)
+            if self.policy_config.image_size % reduction != 0:
+                raise ValueError(
+                    f"The policy's image_size={self.policy_config.image_size} must be divisible by {reduction} (each "
+                    f"of the {len(channels)} value CNN blocks halves the side); change value_cnn_channels."
+                )

@@ -1,0 +1,501 @@
+"""PolicyValueCaptioner: the policy network and value network of seed 001 (Ren et al., CVPR 2017, "Deep Reinforcement
+Learning-based Image Captioning with Embedding Reward"; SPEC.md "Seed 001") as a `transformers` model.
+
+The policy `p_π(a_t | s_t)` is a [`ShowTellRL`] captioner: `generate`, `forward` and `caption_log_probs` of a
+PolicyValueCaptioner are the policy's, so every objective and evaluation that captions works on it unchanged. The
+value network ([`ValueNetwork`]) predicts the final reward `v(s_t)` of a partial caption `s_t` from its own image
+encoder, its own word embeddings and GRU over the partial caption, and a three-layer perceptron; it shares no
+parameter with the policy, so its regression loss never reaches the policy. [`PolicyValueCaptioner.value`] gives
+`v(s_t)` for every prefix of given captions.
+
+Inference uses both networks: `generate(..., num_beams=k, lookahead_lambda=λ)` is Ren et al.'s lookahead beam search
+([`ValueLookaheadLogitsProcessor`]), which ranks the extensions of the beams by `λ · log p_π + (1 − λ) · v(s_{t+1})`.
+
+The `actor_critic` objective trains the value network with its own learning rate, as an auxiliary network of the
+trainer: it takes the network out of the model's parameters for the run
+([`PolicyValueCaptioner.detach_value_network`]), so that the optimizer's group of the model and DDP's replica of it
+hold the policy alone. The model still owns the value network: it follows the model's `to()` and `train()`, and
+`save_pretrained` and `load_state_dict` include it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import initialization as init
+
+from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder
+from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLState
+
+from .configuration_policy_value import PolicyValueConfig
+
+__all__ = [
+    "PolicyValueCaptioner",
+    "PolicyValuePreTrainedModel",
+    "ValueLookaheadLogitsProcessor",
+    "ValueNetwork",
+]
+
+# Next-token values of a batch of prefixes: `(input_ids (N, T), candidate_ids (N, K))` -> `(v(s_t) (N,),
+# v(s_t + a) (N, K))`.
+NextTokenValues = Callable[[torch.LongTensor, torch.LongTensor], tuple[torch.FloatTensor, torch.FloatTensor]]
+
+
+class ValueNetwork(nn.Module):
+    """
+    Seed 001's value network `v(s_t)` (Fig. 3): the final reward expected from the partial caption `s_t` of an image.
+
+    The image goes through the network's own encoder (a CNN like the policy's, or the policy's precomputed features),
+    a linear map and a LayerNorm; the partial caption through the network's own word embeddings and a GRU from a zero
+    state; a three-layer perceptron maps `[image embedding; GRU state]` to a scalar.
+
+    Args:
+        config ([`PolicyValueConfig`]): the value network's sizes and the policy's vocabulary and image input.
+    """
+
+    def __init__(self, config: PolicyValueConfig):
+        super().__init__()
+        policy_config = config.policy_config
+        if policy_config.encoder_type == "cnn":
+            self.image_encoder = ConvImageEncoder(
+                policy_config.image_size, policy_config.num_channels, list(config.value_cnn_channels)
+            )
+        else:
+            self.image_encoder = PrecomputedFeatureEncoder(policy_config.image_feature_size)
+        hidden_size = config.value_hidden_size
+        self.image_projection = nn.Linear(self.image_encoder.output_size, hidden_size)
+        # bounded-scale image features for the regression head, as the policy's image input (see ShowTellRL)
+        self.image_norm = nn.LayerNorm(hidden_size)
+        self.word_embeddings = nn.Embedding(policy_config.vocab_size, config.value_word_embedding_size)
+        self.caption_rnn = nn.GRU(config.value_word_embedding_size, hidden_size, batch_first=True)
+        mlp_size = config.value_mlp_hidden_size
+        self.value_head = nn.Sequential(
+            nn.Linear(2 * hidden_size, mlp_size), nn.ReLU(), nn.Linear(mlp_size, mlp_size), nn.ReLU(),
+            nn.Linear(mlp_size, 1),
+        )  # fmt: skip
+        self.pad_token_id = policy_config.pad_token_id
+
+    def encode_images(
+        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+    ) -> torch.FloatTensor:
+        """The image embeddings `(num_images, value_hidden_size)` the value head reads."""
+        reads_pixels = isinstance(self.image_encoder, ConvImageEncoder)
+        images = pixel_values if reads_pixels else image_features
+        if images is None:
+            expected = "pixel_values" if reads_pixels else "image_features"
+            raise ValueError(f"The value network reads the images as its policy does: pass {expected}.")
+        features = self.image_encoder(images.to(self.image_projection.weight.dtype))  # (I, F)
+        return self.image_norm(self.image_projection(features))  # (I, H)
+
+    def _prefix_states(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """
+        The GRU state after every prefix of `input_ids` `(N, T)`, the tokens where `attention_mask` is 0 skipped (left
+        or right padding, or holes): `(N, T, H)`, and the state after the whole prefix `(N, H)`.
+        """
+        mask = input_ids != self.pad_token_id if attention_mask is None else attention_mask.bool()
+        # the tokens read moved to the front, in order: one GRU call from the zero state reads every row's tokens
+        # (the GRU is causal, so what it reads after a row's last token never reaches the states gathered below)
+        order = torch.sort((~mask).long(), dim=1, stable=True).indices
+        outputs, _ = self.caption_rnn(self.word_embeddings(input_ids.gather(1, order)))  # (N, T, H)
+        states = torch.cat([outputs.new_zeros(outputs.shape[0], 1, outputs.shape[2]), outputs], dim=1)  # (N, T+1, H)
+        num_read = mask.long().cumsum(dim=1)  # (N, T): tokens read up to each position
+        prefix_states = states.gather(1, num_read[:, :, None].expand(-1, -1, states.shape[2]))  # (N, T, H)
+        return prefix_states, prefix_states[:, -1]
+
+    def _values(self, image_embeddings: torch.FloatTensor, states: torch.FloatTensor) -> torch.FloatTensor:
+        """The value head on `[image; state]`: `(..., H)` and `(..., H)` -> `(...)`."""
+        return self.value_head(torch.cat([image_embeddings.expand_as(states), states], dim=-1)).squeeze(-1)
+
+    def prefix_values(
+        self,
+        image_embeddings: torch.FloatTensor,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.FloatTensor:
+        """`v(s_t)` for every prefix `input_ids[:, : t + 1]`, given each row's image embedding `(N, H)`: `(N, T)`."""
+        prefix_states, _ = self._prefix_states(input_ids, attention_mask)
+        return self._values(image_embeddings[:, None, :], prefix_states)
+
+    def next_token_values(
+        self,
+        image_embeddings: torch.FloatTensor,
+        input_ids: torch.LongTensor,
+        candidate_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """
+        The value of each prefix and of its extension by each candidate token, from one GRU pass over the prefixes
+        and one step for all candidates.
+
+        Args:
+            image_embeddings (`torch.FloatTensor` of shape `(N, H)`): each row's [`encode_images`].
+            input_ids (`torch.LongTensor` of shape `(N, T)`): the prefixes `s_t`.
+            candidate_ids (`torch.LongTensor` of shape `(N, K)`): the tokens `a` to try after each prefix.
+            attention_mask (`torch.Tensor` of shape `(N, T)`, *optional*): 0 at padding.
+
+        Returns:
+            `(v(s_t), v(s_t + a))`: `torch.FloatTensor`s of shapes `(N,)` and `(N, K)`.
+        """
+        _, last_states = self._prefix_states(input_ids, attention_mask)  # (N, H)
+        num_rows, num_candidates = candidate_ids.shape
+        candidates = self.word_embeddings(candidate_ids.reshape(-1, 1))  # (N*K, 1, W)
+        initial = last_states.repeat_interleave(num_candidates, dim=0)[None]  # (1, N*K, H)
+        extended, _ = self.caption_rnn(candidates, initial)  # (N*K, 1, H)
+        extended = extended.reshape(num_rows, num_candidates, -1)  # (N, K, H)
+        return self._values(image_embeddings, last_states), self._values(image_embeddings[:, None, :], extended)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_index: torch.LongTensor | None = None,
+    ) -> torch.FloatTensor:
+        """
+        `v(s_t)` for every prefix of given captions (see [`PolicyValueCaptioner.value`]); a forward, so that a DDP
+        wrapper of the network synchronises its gradients.
+
+        Returns:
+            `torch.FloatTensor` of shape `(N, T)`.
+        """
+        image_embeddings = self.encode_images(pixel_values, image_features)  # (I, H)
+        if image_index is not None:
+            image_embeddings = image_embeddings.index_select(0, image_index.to(image_embeddings.device))
+        return self.prefix_values(image_embeddings, input_ids, attention_mask)
+
+
+class ValueLookaheadLogitsProcessor(LogitsProcessor):
+    """
+    Ren et al.'s lookahead inference as a beam-search logits processor: the policy proposes, the value network
+    judges. Every extension `a` of a beam `s_t` is scored
+
+        λ · log p_π(a | s_t) + (1 − λ) · (v(s_t + a) − v(s_t)).
+
+    Beam search adds the scores of a hypothesis's steps, so its score telescopes to
+
+        λ · log p_π(a_1 .. a_t) + (1 − λ) · (v(s_{t+1}) − v(s_0)),
+
+    and `v(s_0)`, the value of the bare start token, is the same for every beam of an image: beam search ranks the
+    hypotheses by Ren et al.'s `λ · log p_π + (1 − λ) · v(s_{t+1})`, its policy term accumulated over the steps as in
+    plain beam search (their eq. writes the step's `log p_π(a_t | s_t)`; a per-step term would not reduce to beam
+    search at λ = 1), its value term not (`v(s_{t+1})` already estimates the final reward of the whole prefix). At
+    λ = 1 the scores are exactly the log-probabilities: plain beam search. The generation config's `length_penalty`
+    (1.0 by default) divides a finished hypothesis's total score by its length; `length_penalty=0` keeps Ren et al.'s
+    score as is. Beam search stops once `num_beams` hypotheses have finished and no running beam scores above the
+    worst of them, which assumes scores only fall as beams grow: a beam whose value would rise later is cut then.
+
+    Tokens the policy gives zero probability (`<pad>`, `<bos>`, or tokens another processor set to `-inf`) stay
+    excluded whatever their value.
+
+    Args:
+        next_token_values (`Callable`): `(input_ids (N, T), candidate_ids (N, K))` -> `(v(s_t) (N,), v(s_t + a) (N,
+            K))`, e.g. [`ValueNetwork.next_token_values`] with each beam's image.
+        lookahead_lambda (`float`, *optional*, defaults to 0.4): λ in `[0, 1]`; Ren et al. report 0.4.
+        num_candidates (`int`, *optional*): the value network scores only each beam's `num_candidates` most probable
+            tokens (the others are excluded), which bounds its cost with a large vocabulary; every token when unset.
+    """
+
+    def __init__(
+        self, next_token_values: NextTokenValues, lookahead_lambda: float = 0.4, num_candidates: int | None = None
+    ):
+        if not 0.0 <= lookahead_lambda <= 1.0:
+            raise ValueError(f"lookahead_lambda weighs two scores and must be in [0, 1], got {lookahead_lambda}.")
+        if num_candidates is not None and num_candidates < 1:
+            raise ValueError(f"num_candidates must be >= 1 or None (every token), got {num_candidates}.")
+        self.next_token_values = next_token_values
+        self.lookahead_lambda = lookahead_lambda
+        self.num_candidates = num_candidates
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """`input_ids` `(N, T)`, the beams; `scores` `(N, vocab_size)`, their next-token log-probabilities."""
+        vocab_size = scores.shape[-1]
+        num_candidates = vocab_size if self.num_candidates is None else min(self.num_candidates, vocab_size)
+        candidate_scores, candidate_ids = scores.topk(num_candidates, dim=-1)  # (N, K)
+        current_values, candidate_values = self.next_token_values(input_ids, candidate_ids)  # (N,), (N, K)
+        weight = self.lookahead_lambda
+        lookahead = weight * candidate_scores + (1 - weight) * (candidate_values - current_values[:, None]).float()
+        lookahead = torch.where(candidate_scores.exp() > 0, lookahead, candidate_scores)
+        return torch.full_like(scores, float("-inf")).scatter(-1, candidate_ids, lookahead.to(scores.dtype))
+
+
+class PolicyValuePreTrainedModel(PreTrainedModel):
+    config_class = PolicyValueConfig
+    config: PolicyValueConfig
+    base_model_prefix = "policy_value"
+    main_input_name = "input_ids"
+    # the policy contributes its own blocks; the value network is one
+    _no_split_modules = ["ConvImageEncoder", "ValueNetwork"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # The policy is a sub-model, initialised by its own `_init_weights`: only the value network's layers come here.
+        if isinstance(module, ConvImageEncoder):
+            module.init_weights()
+        elif isinstance(module, nn.GRU):
+            for name, parameter in module.named_parameters():
+                if "weight" in name:
+                    init.xavier_uniform_(parameter)
+                else:
+                    init.zeros_(parameter)
+        elif not isinstance(module, nn.Conv2d):  # the value network's convolutions, set by its ConvImageEncoder
+            super()._init_weights(module)
+
+
+class PolicyValueCaptioner(PolicyValuePreTrainedModel, GenerationMixin):
+    """
+    Seed 001's policy network ([`ShowTellRL`], `self.policy`) and value network ([`ValueNetwork`],
+    `self.value_network`).
+
+    Captioning is the policy's: `model.generate(pixel_values=...)` (greedy, sampling, beams),
+    `model(input_ids, pixel_values, labels=...)` and `caption_log_probs`; with `lookahead_lambda`, `generate` is the
+    lookahead beam search of both networks. The value of partial captions is [`value`].
+    """
+
+    def __init__(self, config: PolicyValueConfig):
+        super().__init__(config)
+        self.policy = ShowTellRL(config.policy_config)
+        self.value_network = ValueNetwork(config)
+        self.post_init()
+        self._freeze_value_image_encoder()
+
+    def _freeze_value_image_encoder(self) -> None:
+        if self.config.freeze_value_image_encoder:
+            self.value_network.image_encoder.requires_grad_(False)
+
+    @classmethod
+    def from_policy(cls, policy: ShowTellRL, **value_kwargs) -> PolicyValueCaptioner:
+        """
+        A PolicyValueCaptioner whose policy is a copy of `policy` (e.g. trained by cross-entropy first, as in seed
+        001) and whose value network is new.
+
+        When the policy's CNN encoder is fixed (pretrained, e.g. on the shapes scene annotations), the value network's
+        encoder starts as a copy of it and stays fixed, as the listener's does in [`SpeakerListener.from_speaker`]:
+        the value network then reads fixed pretrained features, as seed 001's reads a pretrained VGG-16's. The copy
+        is the value network's own, so the two networks share no weights.
+
+        Args:
+            policy ([`ShowTellRL`]): the captioner to start from; left unchanged.
+            value_kwargs: the value network's fields of [`PolicyValueConfig`] (`value_hidden_size`, ...).
+        """
+        policy_config = policy.config
+        copies_encoder = (
+            policy_config.encoder_type == "cnn"
+            and policy_config.freeze_image_encoder
+            and value_kwargs.get("value_cnn_channels", policy_config.cnn_channels) == policy_config.cnn_channels
+        )
+        value_kwargs.setdefault("freeze_value_image_encoder", copies_encoder)
+        model = cls(PolicyValueConfig(policy_config=copy.deepcopy(policy_config), **value_kwargs))
+        model.policy.load_state_dict(policy.state_dict())
+        model.policy.generation_config = copy.deepcopy(policy.generation_config)
+        if copies_encoder:
+            model.value_network.image_encoder.load_state_dict(policy.image_encoder.state_dict())
+        return model.to(policy.device)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading_info) when asked for
+        # loading materialises fresh, trainable parameters: apply the saved freezing again
+        if model.config.policy_config.encoder_type == "cnn" and model.config.policy_config.freeze_image_encoder:
+            model.policy.image_encoder.requires_grad_(False)
+        model._freeze_value_image_encoder()
+        return loaded
+
+    # ---------------------------------------------------------------- generation, by the policy
+    # A `GenerationMixin`, so that transformers saves and loads the generation config and pipelines call `generate`;
+    # the decoding loop, and the generation config, are the policy's.
+    @property
+    def generation_config(self) -> GenerationConfig:
+        """The policy's generation config: saved with the model, read by `generate`."""
+        return self.policy.generation_config
+
+    @generation_config.setter
+    def generation_config(self, value: GenerationConfig) -> None:
+        # `PreTrainedModel.__init__` assigns a default before the policy exists, which then builds its own
+        if "policy" in self._modules:
+            self.policy.generation_config = value
+
+    @torch.no_grad()
+    def generate(
+        self, *args, lookahead_lambda: float | None = None, lookahead_candidates: int | None = None, **kwargs
+    ) -> torch.LongTensor:
+        """
+        The policy's [`ShowTellRL.generate`] (recurrent state, text prompts, each image encoded once): captions
+        starting with `<bos>`.
+
+        Args:
+            lookahead_lambda (`float`, *optional*):
+                λ of Ren et al.'s lookahead inference (they report 0.4): the beam search (`num_beams >= 2`) ranks every
+                extension by `λ · log p_π + (1 − λ) · v(s_{t+1})`, see [`ValueLookaheadLogitsProcessor`]. Unset: the
+                policy alone decodes.
+            lookahead_candidates (`int`, *optional*):
+                With `lookahead_lambda`: the value network scores only each beam's `lookahead_candidates` most
+                probable next tokens (every token when unset; set it for a large vocabulary).
+            args, kwargs: as for [`ShowTellRL.generate`]: the images (`pixel_values` or `image_features`), a
+                `generation_config` and its settings.
+        """
+        if lookahead_lambda is None:
+            if lookahead_candidates is not None:
+                raise ValueError("lookahead_candidates applies to lookahead decoding: set lookahead_lambda too.")
+            return self.policy.generate(*args, **kwargs)
+        settings = kwargs.get("generation_config")
+        if settings is None:
+            settings = self.generation_config
+        # unset fields of a transformers 5 generation config are None: greedy decoding
+        num_beams = kwargs.get("num_beams", settings.num_beams) or 1
+        do_sample = bool(kwargs.get("do_sample", settings.do_sample))
+        if num_beams < 2 or do_sample:
+            raise ValueError(
+                f"Lookahead decoding is a beam search (Ren et al. 2017): pass num_beams >= 2 without sampling, got "
+                f"num_beams={num_beams}, do_sample={do_sample}."
+            )
+        # each image is encoded once; the processor looks its embedding up for every beam of it
+        image_embeddings = self.value_network.encode_images(kwargs.get("pixel_values"), kwargs.get("image_features"))
+
+        def next_token_values(input_ids: torch.LongTensor, candidate_ids: torch.LongTensor):
+            beams_per_image = input_ids.shape[0] // image_embeddings.shape[0]
+            rows = image_embeddings.repeat_interleave(beams_per_image, dim=0)  # (N, H): beams are grouped by image
+            return self.value_network.next_token_values(rows, input_ids, candidate_ids)
+
+        lookahead = ValueLookaheadLogitsProcessor(next_token_values, lookahead_lambda, lookahead_candidates)
+        # after the other processors, so that tokens they exclude stay excluded
+        kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), lookahead])
+        return self.policy.generate(*args, **kwargs)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.policy.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.policy.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.policy.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.policy.set_output_embeddings(new_embeddings)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+        past_key_values: ShowTellRLState | None = None,
+        labels: torch.LongTensor | None = None,
+        image_index: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ShowTellRLOutput | tuple:
+        """The policy's [`ShowTellRL.forward`] (teacher forcing, cached steps); the value network takes no part."""
+        return self.policy(
+            input_ids=input_ids,
+            pixel_values=pixel_values,
+            image_features=image_features,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            labels=labels,
+            image_index=image_index,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+        )
+
+    def caption_log_probs(self, *args, **kwargs) -> torch.FloatTensor:
+        """The policy's [`ShowTellRL.caption_log_probs`]."""
+        return self.policy.caption_log_probs(*args, **kwargs)
+
+    # ---------------------------------------------------------------- the value network
+    def value(
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        image_index: torch.LongTensor | None = None,
+    ) -> torch.FloatTensor:
+        """
+        The value network's `v(s_t)` for every prefix of given captions: the final reward it expects from there.
+
+        Args:
+            pixel_values (`torch.FloatTensor` of shape `(num_images, num_channels, height, width)`, *optional*):
+                The images, for a `"cnn"` policy.
+            input_ids (`torch.LongTensor` of shape `(N, T)`): captions starting with `<bos>`, as `generate` returns
+                them.
+            attention_mask (`torch.Tensor` of shape `(N, T)`, *optional*): 0 at padding (left, right or inside),
+                which the network skips; `input_ids != pad_token_id` when unset.
+            image_features (`torch.FloatTensor` of shape `(num_images, image_feature_size)`, *optional*): the
+                images, for a `"features"` policy.
+            image_index (`torch.LongTensor` of shape `(N,)`, *optional*): the image row of each caption, when the
+                images are given once for several captions; row `i` is caption `i`'s image when unset.
+
+        Returns:
+            `torch.FloatTensor` of shape `(N, T)`: `[:, t]` is `v` of the prefix `input_ids[:, : t + 1]` (after the
+            end of a caption, the value of the whole caption).
+        """
+        if input_ids is None:
+            raise ValueError("PolicyValueCaptioner.value needs input_ids, the captions whose prefixes to value.")
+        return self.value_network(input_ids, pixel_values, image_features, attention_mask, image_index)
+
+    @property
+    def value_network_is_detached(self) -> bool:
+        """Whether [`detach_value_network`] took the value network out of the model's parameters."""
+        return "value_network" not in self._modules
+
+    def detach_value_network(self) -> ValueNetwork:
+        """
+        Takes the value network out of the model's parameters (`parameters()`, `state_dict()`, a DDP replica of the
+        model) so that another optimizer group can train it, and returns it. The model keeps using it:
+        `self.value_network`, [`value`] and lookahead decoding still read it, it follows the model's `to()` and
+        `train()`, and `save_pretrained` and `load_state_dict` include it. Calling it again returns the same network.
+        """
+        if not self.value_network_is_detached:
+            # kept as a plain attribute: found by `self.value_network`, unseen by the module tree
+            self.__dict__["value_network"] = self._modules.pop("value_network")
+        return self.value_network
+
+    def attach_value_network(self) -> None:
+        """Puts a [`detach_value_network`]-ed value network back among the model's parameters."""
+        if self.value_network_is_detached:
+            self.value_network = self.__dict__.pop("value_network")
+
+    @contextmanager
+    def _value_network_attached(self) -> Iterator[None]:
+        detached = self.value_network_is_detached
+        self.attach_value_network()
+        try:
+            yield
+        finally:
+            if detached:
+                self.detach_value_network()
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        if recurse and self.value_network_is_detached:
+            self.value_network._apply(fn)  # device and dtype moves reach a detached value network too
+        return self
+
+    def train(self, mode: bool = True) -> PolicyValueCaptioner:
+        super().train(mode)
+        if self.value_network_is_detached:
+            self.value_network.train(mode)
+        return self
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        # a detached value network is loaded too: resuming a run or loading its best checkpoint restores it
+        with self._value_network_attached():
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """`PreTrainedModel.save_pretrained`, with the value network even while it is detached for training."""
+        with self._value_network_attached():
+            super().save_pretrained(save_directory, *args, **kwargs)

@@ -1,0 +1,188 @@
+"""
+Actor-critic training of a policy network and a value network (seed 001: Ren et al., CVPR 2017, "Deep Reinforcement
+Learning-based Image Captioning with Embedding Reward"; SPEC.md "Seed 001").
+
+The model is a [`PolicyValueCaptioner`]: a policy `p_π(a_t | s_t)` (a [`ShowTellRL`]) and a value network `v(s_t)`
+that predicts the final reward of a caption from its image and a partial caption `s_t`. Training goes in the steps of
+seed 001 (Sec. 3.3.2):
+
+1. The policy learns by cross-entropy first (the `xe` objective, or a published XE checkpoint), then is wrapped with
+   [`PolicyValueCaptioner.from_policy`]. The reward is the trainer's mix: the visual-semantic `embedding` reward
+   (trained beforehand by [`rlcaption.rewards.embedding.train_embedding_model`]), CIDEr-D, or both.
+2. Phase `value_pretraining` (`value_pretraining_steps` optimizer steps): the policy is fixed; captions sampled from it
+   are rewarded, and the value network is regressed to each caption's reward `R` at each of its states (eq. 9,
+   `||v(s_t) − R||²`).
+3. Phase `actor_critic`, to the end: both networks learn from the same samples,
+
+       policy:  −Σ_t log p_π(a_t | s_t) · (R − v(s_t))     with v(s_t) detached    (eq. 10)
+       value:   mean over states of (v(s_t) − R)²                                   (eqs. 9, 11)
+
+   and the loss is `policy_loss + value_loss_weight · value_loss` ([`actor_critic_losses`]).
+
+The states a caption `<bos> a_1 .. a_n` is regressed at are `s_0 = <bos>` to `s_n`, the complete caption included:
+the policy's advantages read `v(s_0) .. v(s_{n−1})`, and lookahead decoding (`generate(..., lookahead_lambda=λ)`)
+scores an extension by the end token with the value of the complete caption.
+
+Each step samples `num_samples_per_image` captions per image from the current policy in evaluation mode and scores
+them in evaluation mode too, as `scst` does (see `rlcaption.decoding`), so the gradient is that of the sampling policy.
+
+The value network is the objective's auxiliary network `value` (own learning rate `value_learning_rate`, its own
+parameter group, synchronised across processes, saved in every checkpoint and restored on resume). As `psst` does
+with its listener, the objective takes it out of the model's parameters for the run
+([`PolicyValueCaptioner.detach_value_network`]): it is in the value group only, never in the model's group nor in
+DDP's replica of the model. The model still owns it, so training checkpoints and the final `save_model` hold the
+trained value network with the policy, which lookahead decoding needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
+from ..models.policy_value import PolicyValueCaptioner
+from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
+from .scst import policy_gradient_loss, sample_and_reward
+
+__all__ = ["ActorCriticObjective", "actor_critic_losses", "state_mask", "value_regression_loss"]
+
+
+def state_mask(token_mask: torch.Tensor) -> torch.Tensor:
+    """
+    The states of sampled captions the value network is regressed at: `s_0` (`<bos>`) and the state after each
+    token, the complete caption included.
+
+    Args:
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): the captions' [`caption_token_mask`].
+
+    Returns:
+        `torch.FloatTensor` of shape `(N, T + 1)`, aligned with [`PolicyValueCaptioner.value`] of the sequences.
+    """
+    return torch.cat([token_mask.new_ones(token_mask.shape[0], 1), token_mask], dim=1)
+
+
+def value_regression_loss(state_values: torch.Tensor, rewards: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """
+    Seed 001's value loss (eqs. 9, 11): the mean over the regressed states ([`state_mask`]) of `(v(s_t) − R)²`.
+
+    Args:
+        state_values (`torch.FloatTensor` of shape `(N, T + 1)`): `v` of every prefix of the sampled sequences.
+        rewards (`torch.FloatTensor` of shape `(N,)`): `R` of each sampled caption.
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): the captions' [`caption_token_mask`].
+    """
+    states = state_mask(token_mask)  # (N, T + 1)
+    squared_errors = (state_values - rewards.to(state_values)[:, None]).pow(2)
+    return (squared_errors * states).sum() / states.sum()
+
+
+def actor_critic_losses(
+    token_log_probs: torch.Tensor,
+    state_values: torch.Tensor,
+    rewards: torch.Tensor,
+    token_mask: torch.Tensor,
+    normalization: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    The two terms of seed 001's joint loss.
+
+    Args:
+        token_log_probs (`torch.FloatTensor` of shape `(N, T)`): `log p_π(a_t | s_t)` of the sampled tokens.
+        state_values (`torch.FloatTensor` of shape `(N, T + 1)`): `v` of every prefix of the sampled sequences
+            ([`PolicyValueCaptioner.value`]): `[:, t]` is `v(s_t)`, the state before token `t + 1`.
+        rewards (`torch.FloatTensor` of shape `(N,)`): `R` of each sampled caption.
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): 1 on the captions' tokens, the end token included.
+        normalization: `token` or `sequence`, as in [`policy_gradient_loss`].
+
+    Returns:
+        `(policy_loss, value_loss)`: `Σ_t (R − v(s_t)) · −log p_π(a_t | s_t)` normalised like SCST, with the values
+        detached (the policy term never trains the value network); and the mean over the states of [`state_mask`]
+        of `(v(s_t) − R)²`, whose gradient reaches only the value network.
+    """
+    # (N, T): R − v(s_t), for the state each token is drawn in
+    advantages = rewards.to(state_values)[:, None] - state_values[:, :-1].detach()
+    policy_loss = policy_gradient_loss(token_log_probs, token_mask, advantages, normalization)
+    return policy_loss, value_regression_loss(state_values, rewards, token_mask)
+
+
+@register_objective
+class ActorCriticObjective(CaptionObjective):
+    """
+    Seed 001's actor-critic for a [`PolicyValueCaptioner`] (see the module documentation): value pretraining with the
+    policy fixed for `value_pretraining_steps`, then policy gradient with the advantage `R − v(s_t)` and value
+    regression together, `policy_loss + value_loss_weight · value_loss`.
+
+    Logs `policy_loss` (joint phase), `value_loss`, `value_mean`, `value_explained_variance` (1 − Var(R − v) / Var(R)
+    over the regressed states: how much of the rewards' spread the value network predicts), `advantage_std`,
+    `sample_length`, and the rewards.
+    """
+
+    name = "actor_critic"
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if not isinstance(model, PolicyValueCaptioner):
+            raise ValueError(
+                f"The actor_critic objective trains a PolicyValueCaptioner (a policy and its value network), got "
+                f"{type(model).__name__}. Wrap a trained captioner with `PolicyValueCaptioner.from_policy(captioner)`."
+            )
+        self.value_network = model.detach_value_network()
+
+    def auxiliary_networks(self) -> dict[str, AuxiliaryNetwork]:
+        return {"value": AuxiliaryNetwork(self.value_network, learning_rate=self.args.value_learning_rate)}
+
+    def phases(self) -> list[TrainingPhase]:
+        joint = TrainingPhase("actor_critic")
+        if self.args.value_pretraining_steps == 0:
+            return [joint]
+        return [TrainingPhase("value_pretraining", self.args.value_pretraining_steps), joint]
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        args, trainer = self.args, self.trainer
+        image_inputs = image_inputs_of(inputs)
+
+        # 1. captions sampled from the current policy (evaluation mode) and their rewards R
+        samples, sample_index, rewards = sample_and_reward(trainer, inputs, args.num_samples_per_image)
+        sequences = samples.sequences  # (N, T + 1)
+        token_mask = caption_token_mask(sequences, trainer.eos_token_id)  # (N, T)
+        rewards = torch.as_tensor(rewards, dtype=torch.float32, device=sequences.device)  # (N,)
+
+        # 2. v(s_t) at every prefix, through the wrapped value network (its gradients are synchronised)
+        state_values = trainer.auxiliary_network("value")(
+            sequences, **image_inputs, image_index=sample_index
+        ).float()  # (N, T + 1)
+
+        # 3. while the value network is pretrained the policy is fixed: it is not even scored
+        if self.current_phase().name == "value_pretraining":
+            value_loss = value_regression_loss(state_values, rewards, token_mask)
+            self._record(state_values.detach(), rewards, token_mask, value_loss)
+            return value_loss
+
+        # 4. log p_π(a_t | s_t) under the distribution that sampled the captions, with gradient, through the wrapped
+        # model
+        token_log_probs = sample_token_log_probs(model, image_inputs, sequences, image_index=sample_index)  # (N, T)
+        policy_loss, value_loss = actor_critic_losses(
+            token_log_probs, state_values, rewards, token_mask, args.loss_normalization
+        )
+        self._record(state_values.detach(), rewards, token_mask, value_loss)
+        trainer.record_metric("policy_loss", float(policy_loss.detach()))
+        return policy_loss + args.value_loss_weight * value_loss
+
+    def _record(
+        self, state_values: torch.Tensor, rewards: torch.Tensor, token_mask: torch.Tensor, value_loss: torch.Tensor
+    ) -> None:
+        record = self.trainer.record_metric
+        states = state_mask(token_mask).bool()
+        values = state_values[states]
+        targets = rewards[:, None].expand_as(state_values)[states]
+        errors = targets - values
+        advantages = (rewards[:, None] - state_values[:, :-1])[token_mask.bool()]
+        record("value_loss", float(value_loss.detach()))
+        record("value_mean", float(values.mean()))
+        record("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
+        # only where the rewards vary: the ratio of a constant reward's (rounding-level) variance is noise
+        if targets.numel() > 1 and float(targets.std()) > 1e-6:
+            record("value_explained_variance", 1.0 - float(errors.var()) / float(targets.var()))
+        record("sample_length", float(token_mask.sum(dim=1).mean()))

@@ -136,3 +136,22 @@ def test_psst_recipe_trains_a_speaker_listener_on_one_and_two_processes(tmp_path
     config = json.loads((output_dir / "config.json").read_text())
     assert config["model_type"] == "speaker_listener" and config["joint_embedding_size"] == 16
     assert "Listener R@1 (caption to image)" in (output_dir / "README.md").read_text()
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_wtf_recipe_runs_on_one_and_two_processes_and_reports_both_clips(tmp_path, num_processes):
+    output_dir = tmp_path / "wtf"
+    checkpoints = EXAMPLES.parent / "checkpoints"
+    run_recipe(
+        *accelerate_launch(num_processes), str(EXAMPLES / "train_wtf.py"), "--output_dir", str(output_dir),
+        *TINY_RUN, "--max_steps", "2", "--discriminator_pretraining_steps", "1", "--wtf_num_beams", "2",
+        "--reward_clip", str(checkpoints / "shapes-clip-reward"),
+        "--eval_clip", str(checkpoints / "shapes-clip-evaluator"),
+        cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    assert (output_dir / "mined_neighbours.safetensors").is_file()  # mined once, kept with the run
+    scores = json.loads((output_dir / "eval_results.json").read_text())["test"]
+    assert {"CIDEr", "Bleu_4", "ROUGE_L", "Self-BLEU", "object_f1", "t2i_R@1", "i2t_R@10"} <= set(scores)
+    assert {"reward_clip_t2i_R@1", "reward_clip_i2t_R@10"} <= set(scores)
+    card = (output_dir / "README.md").read_text()
+    assert "Text-to-image R@1 (reward CLIP)" in card and "Text-to-image R@1 (evaluator CLIP)" in card

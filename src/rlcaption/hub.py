@@ -75,6 +75,14 @@ _DIVERSITY_AND_CLIP_METRICS = {
     },
     **{f"listener_R@{k}": ("recall", f"Listener R@{k} (caption to image)") for k in (1, 5, 10)},
 }
+# The same CLIP scores by the CLIP a reward used (seed 003 reports both; the reward CLIP can be fooled).
+_DIVERSITY_AND_CLIP_METRICS.update(
+    {
+        f"reward_clip_{key}": (metric_type, name.replace("(evaluator CLIP)", "(reward CLIP)"))
+        for key, (metric_type, name) in _DIVERSITY_AND_CLIP_METRICS.items()
+        if "evaluator CLIP" in name
+    }
+)
 _REPORTED_METRICS = {**_CAPTION_METRICS, **_SCENE_METRICS, **_DIVERSITY_AND_CLIP_METRICS}
 # Keys that qualify the scores (supports, per-part figures, what `Trainer.evaluate` adds) rather than being scores
 # worth a card line.

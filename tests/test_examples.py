@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from rlcaption import CaptionProcessor, ShowTellRL, VisualSemanticEmbedding
+from rlcaption.data import load_shapes
+from tiny_captioners import make_foreign_captioner
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -57,8 +61,6 @@ def test_xe_then_scst_then_caption(tmp_path):
 
 
 def test_scst_recipe_fine_tunes_a_foreign_captioner_under_accelerate_and_resumes(tmp_path):
-    from rlcaption.data import load_shapes
-    from tiny_captioners import make_foreign_captioner
 
     shapes = load_shapes(num_train=16, num_validation=4, num_test=4)
     captions = [caption for row in shapes["train"]["captions"] for caption in row]
@@ -155,3 +157,22 @@ def test_wtf_recipe_runs_on_one_and_two_processes_and_reports_both_clips(tmp_pat
     assert {"reward_clip_t2i_R@1", "reward_clip_i2t_R@10"} <= set(scores)
     card = (output_dir / "README.md").read_text()
     assert "Text-to-image R@1 (reward CLIP)" in card and "Text-to-image R@1 (evaluator CLIP)" in card
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_actor_critic_recipe_trains_both_networks_and_scores_lookahead(tmp_path, num_processes):
+    embedding = VisualSemanticEmbedding.from_captioner(ShowTellRL.from_pretrained(WARM_START), joint_embedding_size=16)
+    embedding.save_pretrained(tmp_path / "embedding")
+    CaptionProcessor.from_pretrained(WARM_START).save_pretrained(tmp_path / "embedding")
+    output_dir = tmp_path / "actor_critic"
+    run_recipe(
+        *accelerate_launch(num_processes), str(EXAMPLES / "train_actor_critic.py"), "--output_dir", str(output_dir),
+        *TINY_RUN, "--max_steps", "2", "--value_pretraining_steps", "1", "--value_hidden_size", "16",
+        "--embedding_model", str(tmp_path / "embedding"), "--embedding_weight", "0.5", cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    scores = json.loads((output_dir / "eval_results.json").read_text())["test"]
+    assert {"CIDEr", "object_f1", "lookahead_CIDEr", "lookahead_object_f1"} <= set(scores)
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["model_type"] == "policy_value"
+    card = (output_dir / "README.md").read_text()
+    assert "0.5·embedding" in card and "CIDEr-D (lookahead beam search)" in card

@@ -75,6 +75,14 @@ _DIVERSITY_AND_CLIP_METRICS = {
     },
     **{f"listener_R@{k}": ("recall", f"Listener R@{k} (caption to image)") for k in (1, 5, 10)},
 }
+# Scores of the lookahead beam search of a policy-value captioner (seed 001), beside those of plain beam search.
+_DIVERSITY_AND_CLIP_METRICS.update(
+    {
+        f"lookahead_{key}": (metric_type, f"{name} (lookahead beam search)")
+        for key, (metric_type, name) in {**_CAPTION_METRICS, **_SCENE_METRICS}.items()
+        if key in ("CIDEr", "Bleu_4", "object_f1")
+    }
+)
 # The same CLIP scores by the CLIP a reward used (seed 003 reports both; the reward CLIP can be fooled).
 _DIVERSITY_AND_CLIP_METRICS.update(
     {

@@ -250,10 +250,14 @@ def pretrain_on_scenes(
     return accuracies
 
 
-def reward_description(training_args: RLCaptionConfig) -> str:
-    """The reward of a run as a card states it: `1·cider + 0.5·bleu`."""
-    weights = training_args.reward_weights or [1.0] * len(training_args.reward_funcs)
-    return " + ".join(f"{weight:g}·{name}" for name, weight in zip(training_args.reward_funcs, weights, strict=True))
+def reward_description(training_args: RLCaptionConfig, names: Sequence[str] | None = None) -> str:
+    """
+    The reward of a run as a card states it: `1·cider + 0.5·bleu`; `names` for rewards the recipe built itself
+    (default: `training_args.reward_funcs`), weighted by `training_args.reward_weights`.
+    """
+    names = list(training_args.reward_funcs if names is None else names)
+    weights = training_args.reward_weights or [1.0] * len(names)
+    return " + ".join(f"{weight:g}·{name}" for name, weight in zip(names, weights, strict=True))
 
 
 def recipe_model_card(
@@ -363,12 +367,13 @@ def train_and_finish(
     training_args: RLCaptionConfig,
     model_card: Callable[..., Any],
     extra_scores: Callable[[Any], Mapping[str, float]] | None = None,
+    reward_funcs: Sequence[Any] | None = None,
 ) -> RLCaptionTrainer:
     """
     The body of a recipe once its model is built: trains `model` on the train split with [`RLCaptionTrainer`]
     (validation split for the evaluations during training, resuming as `training_args.resume_from_checkpoint` says),
     then [`finish_recipe`] with the card `model_card(model, training_args, script_args, scores, num_test_images)` and
-    the method's `extra_scores`.
+    the method's `extra_scores`. `reward_funcs` (built rewards or names) replace `training_args.reward_funcs`.
     """
     trainer = RLCaptionTrainer(
         model=model,
@@ -376,6 +381,7 @@ def train_and_finish(
         processing_class=processor,
         train_dataset=dataset["train"],
         eval_dataset=dataset.get("validation"),
+        reward_funcs=reward_funcs,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 

@@ -1,0 +1,120 @@
+"""
+Actor-critic captioning with a value network (seed 001; the scheme of Ren et al. 2017), from the published XE warm
+start:
+
+    accelerate launch examples/train_actor_critic.py --output_dir runs/actor_critic --use_cpu
+
+The XE captioner becomes the policy of a new `PolicyValueCaptioner`. Its value network first learns alone, by
+regression on the rewards of captions sampled from the fixed policy (`--value_pretraining_steps`); then both learn
+together: the policy by the policy gradient with advantage `R − v(s_t)`, the value network by regression
+(`--value_loss_weight`, `--value_learning_rate`). The reward is `--reward_funcs` (CIDEr-D by default) plus, with
+`--embedding_model <folder or Hub id>` and `--embedding_weight`, the visual-semantic embedding reward
+`cos(h_T(S), l_e(f_I))` of that model (`rlcaption.rewards.embedding`).
+
+The test split is scored at the end with plain beam search (`--eval_num_beams`) and, beside it, with lookahead beam
+search `λ · log p + (1 − λ) · v` (`--test_lookahead_lambda`, 0.4 as in Ren et al.; keys `lookahead_CIDEr`, ...). The
+output folder gets the model (both networks), its processor, a model card and `eval_results.json`. A run whose
+`--output_dir` holds a complete checkpoint resumes from it; `--push_to_hub --hub_model_id org/name` publishes it.
+"""
+
+from dataclasses import dataclass, field
+
+from rlcaption.evaluation import evaluate_model
+from rlcaption.models import PolicyValueCaptioner, ShowTellRL
+from rlcaption.recipes import (
+    RecipeArguments,
+    load_pretrained_captioner,
+    load_recipe_dataset,
+    parse_recipe_arguments,
+    recipe_model_card,
+    reward_description,
+    train_and_finish,
+)
+from rlcaption.rewards import get_reward
+
+RECIPE_DEFAULTS = {
+    "objective": "actor_critic",
+    "reward_funcs": ["cider"],
+    "learning_rate": 5e-4,
+    "num_train_epochs": 1.0,
+    "per_device_train_batch_size": 32,
+    "num_samples_per_image": 5,
+    "value_pretraining_steps": 100,
+    "eval_metrics": ["cider", "bleu", "rouge_l"],
+}
+
+
+@dataclass
+class ScriptArguments(RecipeArguments):
+    model_name_or_path: str = field(
+        default="checkpoints/show-tell-rl-shapes-xe",
+        metadata={"help": "The policy to start from (a ShowTellRL checkpoint) or a PolicyValueCaptioner checkpoint."},
+    )
+    value_hidden_size: int = field(default=256, metadata={"help": "GRU size of a new value network."})
+    embedding_model: str | None = field(
+        default=None, metadata={"help": "A VisualSemanticEmbedding (folder or Hub id) whose cosine joins the reward."}
+    )
+    embedding_weight: float = field(default=1.0, metadata={"help": "Weight of the embedding reward in the mix."})
+    test_lookahead_lambda: float = field(
+        default=0.4, metadata={"help": "λ of the lookahead beam search scored at the end (1: plain beam search)."}
+    )
+
+
+def _model_card(model, training_args, script_args, scores, num_test_images):
+    embedding = [f"embedding (`{script_args.embedding_model}`)"] if script_args.embedding_model else []
+    reward = reward_description(training_args, [*training_args.reward_funcs, *embedding])
+    return recipe_model_card(
+        model, training_args, script_args, scores, num_test_images,
+        model_summary=(
+            f"A policy network and a value network trained on the `{script_args.dataset}` dataset by actor-critic "
+            "policy gradient (seed 001, Ren et al. 2017): the value network's estimate of each prefix is the "
+            f"baseline, and lookahead beam search uses it at inference. Reward: {reward}. Started from "
+            f"`{script_args.model_name_or_path}`."
+        ),
+        recipe="train_actor_critic.py",
+        training_settings={
+            "start": f"`{script_args.model_name_or_path}`",
+            "objective": "`actor_critic`",
+            "reward": reward,
+            "value pretraining steps (policy fixed)": training_args.value_pretraining_steps,
+            "value loss weight": training_args.value_loss_weight,
+            "sampled captions per image": training_args.num_samples_per_image,
+            "epochs": f"{training_args.num_train_epochs:g}",
+            "learning rate": f"{training_args.learning_rate:g}",
+        },
+        tags=["policy-value", "actor-critic"],
+    )  # fmt: skip
+
+
+def main(argv=None):
+    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    if training_args.objective != "actor_critic":
+        raise ValueError(
+            f"train_actor_critic.py trains a policy and its value network; --objective {training_args.objective} "
+            "belongs to another recipe."
+        )
+    model, processor = load_pretrained_captioner(script_args.model_name_or_path)
+    if isinstance(model, ShowTellRL):
+        model = PolicyValueCaptioner.from_policy(model, value_hidden_size=script_args.value_hidden_size)
+    rewards, weights = list(training_args.reward_funcs), training_args.reward_weights
+    if script_args.embedding_model:
+        rewards.append(get_reward("embedding", model=script_args.embedding_model))
+        weights = [*(weights or [1.0] * len(training_args.reward_funcs)), script_args.embedding_weight]
+    training_args.reward_weights = weights
+    dataset = load_recipe_dataset(script_args)
+
+    def lookahead_scores(test_split):
+        scores = evaluate_model(
+            model.eval(), processor, test_split, metrics=["cider", "bleu"],
+            batch_size=training_args.per_device_eval_batch_size, num_beams=max(training_args.eval_num_beams, 2),
+            max_new_tokens=training_args.max_caption_length, lookahead_lambda=script_args.test_lookahead_lambda,
+        )  # fmt: skip
+        return {f"lookahead_{name}": scores[name] for name in ("CIDEr", "Bleu_4", "object_f1") if name in scores}
+
+    train_and_finish(
+        model, processor, dataset, script_args, training_args, _model_card, lookahead_scores, reward_funcs=rewards
+    )
+
+
+if __name__ == "__main__":
+    main()

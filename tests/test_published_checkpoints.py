@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from rlcaption.cli import main as cli_main
 from rlcaption.data import load_shapes
 from rlcaption.evaluation import evaluate_model
-from rlcaption.models import ShowTellRL, ShowTellRLConfig
+from rlcaption.listener_evaluation import listener_recall
+from rlcaption.models import ShowTellRL, ShowTellRLConfig, SpeakerListener
 from rlcaption.processing import CaptionProcessor
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
@@ -41,6 +42,19 @@ def shapes_image(shapes_test, tmp_path_factory):
     path = tmp_path_factory.mktemp("images") / "scene.png"
     shapes_test[0]["image"].save(path)
     return path
+
+
+def offline_hub_cache(tmp_path, hub_id: str, folder: Path) -> dict[str, str]:
+    """A Hub cache under `tmp_path` holding `folder` as the snapshot of `hub_id`; returns an offline environment."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = tmp_path / "hub" / f"models--{hub_id.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(revision)
+    for file in folder.iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+    return {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
 
 
 def _caption(model, processor, image_path, num_beams=3):
@@ -93,14 +107,7 @@ def test_checkpoint_sees_the_objects_of_test_images(name, shapes_test):
 @captioners
 def test_checkpoint_loads_by_hub_id_through_a_local_hub_cache_offline(name, tmp_path, shapes_image):
     hub_id = f"rlcaption/{name}"
-    revision = "0123456789abcdef0123456789abcdef01234567"
-    repo_dir = tmp_path / "hub" / f"models--{hub_id.replace('/', '--')}"
-    snapshot = repo_dir / "snapshots" / revision
-    snapshot.mkdir(parents=True)
-    (repo_dir / "refs").mkdir()
-    (repo_dir / "refs" / "main").write_text(revision)
-    for file in (CHECKPOINTS / name).iterdir():
-        (snapshot / file.name).write_bytes(file.read_bytes())
+    env = offline_hub_cache(tmp_path, hub_id, CHECKPOINTS / name)
     script = textwrap.dedent(
         f"""
         import json
@@ -113,7 +120,6 @@ def test_checkpoint_loads_by_hub_id_through_a_local_hub_cache_offline(name, tmp_
         print(json.dumps(processor.batch_decode(sequences, skip_special_tokens=True)[0].strip()))
         """
     )
-    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     from_hub_id = json.loads(result.stdout.strip().splitlines()[-1])
@@ -144,3 +150,49 @@ def test_checkpoint_reproduces_the_scores_of_its_card(name):
     scores = evaluate_model(model, processor, shapes["test"], metrics=("cider", "bleu"), num_beams=num_beams)
     assert scores["CIDEr"] == pytest.approx(reported["CIDEr-D"], abs=1e-3)
     assert scores["object_f1"] == pytest.approx(reported["Object F1 (colour+shape)"], abs=1e-3)
+
+
+SPEAKER_LISTENER = CHECKPOINTS / "speaker-listener-shapes-psst"
+
+
+def test_speaker_listener_checkpoint_is_hub_ready_and_its_card_reports_the_listener():
+    names = {path.name for path in SPEAKER_LISTENER.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "processor_config.json",
+        "README.md",
+    } <= names
+    assert not [path for path in SPEAKER_LISTENER.iterdir() if path.suffix in (".py", ".bin", ".pt")]
+    assert sum(path.stat().st_size for path in SPEAKER_LISTENER.rglob("*") if path.is_file()) < 20 * 2**20
+    weights = load_file(str(SPEAKER_LISTENER / "model.safetensors"))
+    assert any(key.startswith("listener.caption_rnn") for key in weights)  # the trained listener is published
+    card = ModelCard.load(SPEAKER_LISTENER / "README.md")
+    scores = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    assert {"CIDEr-D", "Object F1 (colour+shape)", "Listener R@10 (caption to image)"} <= set(scores)
+    assert "train_psst.py" in card.text and "import rlcaption" in card.text
+
+
+def test_speaker_listener_checkpoint_loads_by_hub_id_and_its_listener_finds_images(tmp_path, shapes_test):
+    hub_id = "rlcaption/speaker-listener-shapes-psst"
+    env = offline_hub_cache(tmp_path, hub_id, SPEAKER_LISTENER)
+    script = textwrap.dedent(
+        f"""
+        import json
+        import rlcaption
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+        model = AutoModelForImageTextToText.from_pretrained({hub_id!r})
+        processor = AutoProcessor.from_pretrained({hub_id!r})
+        print(json.dumps([type(model).__name__, type(processor).__name__]))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["SpeakerListener", "CaptionProcessor"]
+
+    model = SpeakerListener.from_pretrained(SPEAKER_LISTENER).eval()
+    processor = CaptionProcessor.from_pretrained(SPEAKER_LISTENER)
+    recall = listener_recall(model, processor, shapes_test, ks=(1, 5))
+    # among 40 test images, chance is 0.025 at R@1 and 0.125 at R@5
+    assert recall["listener_R@5"] > 0.5, recall

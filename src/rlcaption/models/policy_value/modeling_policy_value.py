@@ -21,15 +21,14 @@ hold the policy alone. The model still owns the value network: it follows the mo
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
 
+from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLState
 
@@ -250,7 +249,7 @@ class PolicyValuePreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
 
 
-class PolicyValueCaptioner(PolicyValuePreTrainedModel, GenerationMixin):
+class PolicyValueCaptioner(DetachableNetworkMixin, PolicyValuePreTrainedModel, GenerationMixin):
     """
     Seed 001's policy network ([`ShowTellRL`], `self.policy`) and value network ([`ValueNetwork`],
     `self.value_network`).
@@ -259,6 +258,9 @@ class PolicyValueCaptioner(PolicyValuePreTrainedModel, GenerationMixin):
     `model(input_ids, pixel_values, labels=...)` and `caption_log_probs`; with `lookahead_lambda`, `generate` is the
     lookahead beam search of both networks. The value of partial captions is [`value`].
     """
+
+    # the network an objective trains in its own optimizer group (see `DetachableNetworkMixin`)
+    detachable_network_name = "value_network"
 
     def __init__(self, config: PolicyValueConfig):
         super().__init__(config)
@@ -449,53 +451,12 @@ class PolicyValueCaptioner(PolicyValuePreTrainedModel, GenerationMixin):
     @property
     def value_network_is_detached(self) -> bool:
         """Whether [`detach_value_network`] took the value network out of the model's parameters."""
-        return "value_network" not in self._modules
+        return self.network_is_detached
 
     def detach_value_network(self) -> ValueNetwork:
-        """
-        Takes the value network out of the model's parameters (`parameters()`, `state_dict()`, a DDP replica of the
-        model) so that another optimizer group can train it, and returns it. The model keeps using it:
-        `self.value_network`, [`value`] and lookahead decoding still read it, it follows the model's `to()` and
-        `train()`, and `save_pretrained` and `load_state_dict` include it. Calling it again returns the same network.
-        """
-        if not self.value_network_is_detached:
-            # kept as a plain attribute: found by `self.value_network`, unseen by the module tree
-            self.__dict__["value_network"] = self._modules.pop("value_network")
-        return self.value_network
+        """The value network, out of the model's parameters for a run (`DetachableNetworkMixin.detach_network`)."""
+        return self.detach_network()
 
     def attach_value_network(self) -> None:
         """Puts a [`detach_value_network`]-ed value network back among the model's parameters."""
-        if self.value_network_is_detached:
-            self.value_network = self.__dict__.pop("value_network")
-
-    @contextmanager
-    def _value_network_attached(self) -> Iterator[None]:
-        detached = self.value_network_is_detached
-        self.attach_value_network()
-        try:
-            yield
-        finally:
-            if detached:
-                self.detach_value_network()
-
-    def _apply(self, fn, recurse: bool = True):
-        super()._apply(fn, recurse)
-        if recurse and self.value_network_is_detached:
-            self.value_network._apply(fn)  # device and dtype moves reach a detached value network too
-        return self
-
-    def train(self, mode: bool = True) -> PolicyValueCaptioner:
-        super().train(mode)
-        if self.value_network_is_detached:
-            self.value_network.train(mode)
-        return self
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        # a detached value network is loaded too: resuming a run or loading its best checkpoint restores it
-        with self._value_network_attached():
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`, with the value network even while it is detached for training."""
-        with self._value_network_attached():
-            super().save_pretrained(save_directory, *args, **kwargs)
+        self.attach_network()

@@ -19,9 +19,6 @@ restores it.
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +27,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 
 from rlcaption.decoding import caption_token_mask
+from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLState
 from rlcaption.models.visual_semantic_embedding import CaptionImageEmbedding
@@ -139,7 +137,7 @@ class SpeakerListenerPreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
 
 
-class SpeakerListener(SpeakerListenerPreTrainedModel, GenerationMixin):
+class SpeakerListener(DetachableNetworkMixin, SpeakerListenerPreTrainedModel, GenerationMixin):
     """
     Seed 004's speaker ([`ShowTellRL`], `self.speaker`) and listener ([`Listener`], `self.listener`).
 
@@ -147,6 +145,9 @@ class SpeakerListener(SpeakerListenerPreTrainedModel, GenerationMixin):
     always discrete), `model(input_ids, pixel_values, labels=...)`, `caption_log_probs` and, for training,
     `decode_with_word_passing`. The listener ranks images for captions with [`rank_images`].
     """
+
+    # the network an objective trains in its own optimizer group (see `DetachableNetworkMixin`)
+    detachable_network_name = "listener"
 
     def __init__(self, config: SpeakerListenerConfig):
         super().__init__(config)
@@ -315,53 +316,12 @@ class SpeakerListener(SpeakerListenerPreTrainedModel, GenerationMixin):
     @property
     def listener_is_detached(self) -> bool:
         """Whether [`detach_listener`] took the listener out of the model's parameters."""
-        return "listener" not in self._modules
+        return self.network_is_detached
 
     def detach_listener(self) -> Listener:
-        """
-        Takes the listener out of the model's parameters (`parameters()`, `state_dict()`, a DDP replica of the model)
-        so that another optimizer group can train it, and returns it. The model keeps using it: `self.listener` and
-        [`rank_images`] still read it, it follows the model's `to()` and `train()`, and `save_pretrained` and
-        `load_state_dict` include it. Calling it again returns the same listener.
-        """
-        if not self.listener_is_detached:
-            # kept as a plain attribute: found by `self.listener`, unseen by the module tree
-            self.__dict__["listener"] = self._modules.pop("listener")
-        return self.listener
+        """The listener, out of the model's parameters for a run: see [`DetachableNetworkMixin.detach_network`]."""
+        return self.detach_network()
 
     def attach_listener(self) -> None:
         """Puts a [`detach_listener`]-ed listener back among the model's parameters."""
-        if self.listener_is_detached:
-            self.listener = self.__dict__.pop("listener")
-
-    @contextmanager
-    def _listener_attached(self) -> Iterator[None]:
-        detached = self.listener_is_detached
-        self.attach_listener()
-        try:
-            yield
-        finally:
-            if detached:
-                self.detach_listener()
-
-    def _apply(self, fn, recurse: bool = True):
-        super()._apply(fn, recurse)
-        if recurse and self.listener_is_detached:
-            self.listener._apply(fn)  # device and dtype moves reach a detached listener too
-        return self
-
-    def train(self, mode: bool = True) -> SpeakerListener:
-        super().train(mode)
-        if self.listener_is_detached:
-            self.listener.train(mode)
-        return self
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        # a detached listener is loaded too: resuming a run or loading its best checkpoint restores the listener
-        with self._listener_attached():
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`, with the listener even while it is detached for training."""
-        with self._listener_attached():
-            super().save_pretrained(save_directory, *args, **kwargs)
+        self.attach_network()

@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, run_recipe_once, summarise
+from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, plot_to, run_recipe_once, summarise
 
 MODES = ("st", "psst", "gumbel", "reinforce")
 COLUMNS = (
@@ -74,25 +74,15 @@ def recall_at_fixed_cider(points: list[tuple[float, float]], cider: float) -> fl
 
 
 def _plot(curves: dict[str, list[tuple[float, float, float]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 4.2))
-    for mode, points in curves.items():
-        points = sorted(points, key=lambda point: point[2])  # along λ
-        axes.plot([c for c, _, _ in points], [r for _, r, _ in points], marker="o", label=mode)
-        for cider, recall, lam in points:
-            axes.annotate(f"{lam * 1e3:g}", (cider, recall), fontsize=6, xytext=(2, 2), textcoords="offset points")
-    axes.set_xlabel("CIDEr-D of the speaker's captions (test, beam 3)")
-    axes.set_ylabel("listener recall@10 among the test images")
-    axes.set_title("Shapes: discriminability vs naturalness over λ (labels: λ × 1e3)")
-    axes.legend(fontsize=8)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    with plot_to(path) as axes:
+        for mode, points in curves.items():
+            points = sorted(points, key=lambda point: point[2])  # along λ
+            axes.plot([c for c, _, _ in points], [r for _, r, _ in points], marker="o", label=mode)
+            for cider, recall, lam in points:
+                axes.annotate(f"{lam * 1e3:g}", (cider, recall), fontsize=6, xytext=(2, 2), textcoords="offset points")
+        axes.set_xlabel("CIDEr-D of the speaker's captions (test, beam 3)")
+        axes.set_ylabel("listener recall@10 among the test images")
+        axes.set_title("Shapes: discriminability vs naturalness over λ (labels: λ × 1e3)")
 
 
 def main() -> None:

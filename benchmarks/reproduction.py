@@ -13,8 +13,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 WARM_START = "checkpoints/show-tell-rl-shapes-xe"
@@ -65,3 +67,21 @@ def markdown_table(
         cells = [f"{summary[key][0]:.3f} ± {summary[key][1]:.3f}" if key in summary else "" for key, _ in columns]
         lines.append(f"| {name} | {num_runs[name]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+@contextmanager
+def plot_to(path: Path, figsize: tuple[float, float] = (6, 4.2)) -> Iterator[Any]:
+    """A matplotlib figure's axes to draw on; on exit, legend and grid are added and the figure is saved to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=figsize)
+    yield axes
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, run_recipe_once, summarise
+from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, plot_to, run_recipe_once, summarise
 
 # method -> the recipe options that select it
 METHODS = {
@@ -80,33 +80,26 @@ def _score_warm_start(run_dir: Path, seed: int) -> dict[str, float]:
 
 def _plot(rows: dict[str, dict[str, tuple[float, float]]], alphas: dict[str, float], path: Path) -> None:
     """CIDEr-D vs Div-2 of the samples: SLE's alpha curve beside the SLL baselines (XE, far to the right, left out)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     def point(name):
         (x, x_err), (y, y_err) = rows[name]["sample5_Div-2"], rows[name]["sample5_CIDEr"]
         return x, y, x_err, y_err
 
-    figure, axes = plt.subplots(figsize=(6, 4.2))
-    curve = sorted((alpha, *point(name)) for name, alpha in alphas.items())
-    axes.plot([x for _, x, _, _, _ in curve], [y for _, _, y, _, _ in curve], color="tab:red", alpha=0.5)
-    for alpha, x, y, x_err, y_err in curve:
-        axes.errorbar(x, y, xerr=x_err, yerr=y_err, marker="o", color="tab:red", capsize=3)
-        axes.annotate(f"α={alpha:g}", (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
-    for name, color in (("SLL", "tab:blue"), ("SLL-ME", "tab:green")):
-        x, y, x_err, y_err = point(name)
-        axes.errorbar(x, y, xerr=x_err, yerr=y_err, marker="s", color=color, capsize=3, linestyle="none", label=name)
-    axes.plot([], [], marker="o", color="tab:red", label="SLE (α = 1 … 0.5)")
-    axes.set_xlabel("Div-2 of 5 random samples per image (higher: more diverse)")
-    axes.set_ylabel("mean CIDEr-D of the 5 samples")
-    axes.set_title("Shapes test split, one epoch from XE (mean ± s.d., 3 seeds)", fontsize=10)
-    axes.legend(fontsize=8)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    with plot_to(path) as axes:
+        curve = sorted((alpha, *point(name)) for name, alpha in alphas.items())
+        axes.plot([x for _, x, _, _, _ in curve], [y for _, _, y, _, _ in curve], color="tab:red", alpha=0.5)
+        for alpha, x, y, x_err, y_err in curve:
+            axes.errorbar(x, y, xerr=x_err, yerr=y_err, marker="o", color="tab:red", capsize=3)
+            axes.annotate(f"α={alpha:g}", (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
+        for name, color in (("SLL", "tab:blue"), ("SLL-ME", "tab:green")):
+            x, y, x_err, y_err = point(name)
+            axes.errorbar(
+                x, y, xerr=x_err, yerr=y_err, marker="s", color=color, capsize=3, linestyle="none", label=name
+            )
+        axes.plot([], [], marker="o", color="tab:red", label="SLE (α = 1 … 0.5)")
+        axes.set_xlabel("Div-2 of 5 random samples per image (higher: more diverse)")
+        axes.set_ylabel("mean CIDEr-D of the 5 samples")
+        axes.set_title("Shapes test split, one epoch from XE (mean ± s.d., 3 seeds)", fontsize=10)
 
 
 def main() -> None:

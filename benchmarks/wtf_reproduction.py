@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, run_recipe_once, summarise
+from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, plot_to, run_recipe_once, summarise
 
 VARIANTS = ("tf", "wtf", "wtf_rl", "rl", "rl_unidirectional", "scst_discriminator")
 COLUMNS = (
@@ -47,23 +47,13 @@ def _options(variant: str, seed: int, max_steps: int) -> list[str]:
 
 
 def _plot(rows: dict[str, dict[str, tuple[float, float]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 4.2))
-    for name, summary in rows.items():
-        (x, x_err), (y, y_err) = summary["CIDEr"], summary["t2i_R@1"]
-        axes.errorbar(x, y, xerr=x_err, yerr=y_err, marker="o", capsize=3, linestyle="none", label=name)
-    axes.set_xlabel("CIDEr-D (test, beam search)")
-    axes.set_ylabel("text-to-image R@1 by the evaluator CLIP")
-    axes.set_title("Shapes: WTF-RL variants (mean ± s.d. over seeds)", fontsize=10)
-    axes.legend(fontsize=8)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    with plot_to(path) as axes:
+        for name, summary in rows.items():
+            (x, x_err), (y, y_err) = summary["CIDEr"], summary["t2i_R@1"]
+            axes.errorbar(x, y, xerr=x_err, yerr=y_err, marker="o", capsize=3, linestyle="none", label=name)
+        axes.set_xlabel("CIDEr-D (test, beam search)")
+        axes.set_ylabel("text-to-image R@1 by the evaluator CLIP")
+        axes.set_title("Shapes: WTF-RL variants (mean ± s.d. over seeds)", fontsize=10)
 
 
 def main() -> None:

@@ -25,12 +25,13 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
 
 from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder
-from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLState
+from rlcaption.models.show_tell_rl import ShowTellRL
+from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
 
 from .configuration_policy_value import PolicyValueConfig
 
@@ -249,7 +250,7 @@ class PolicyValuePreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
 
 
-class PolicyValueCaptioner(DetachableNetworkMixin, PolicyValuePreTrainedModel, GenerationMixin):
+class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, PolicyValuePreTrainedModel, GenerationMixin):
     """
     Seed 001's policy network ([`ShowTellRL`], `self.policy`) and value network ([`ValueNetwork`],
     `self.value_network`).
@@ -261,6 +262,7 @@ class PolicyValueCaptioner(DetachableNetworkMixin, PolicyValuePreTrainedModel, G
 
     # the network an objective trains in its own optimizer group (see `DetachableNetworkMixin`)
     detachable_network_name = "value_network"
+    wrapped_captioner_name = "policy"
 
     def __init__(self, config: PolicyValueConfig):
         super().__init__(config)
@@ -312,21 +314,7 @@ class PolicyValueCaptioner(DetachableNetworkMixin, PolicyValuePreTrainedModel, G
         model._freeze_value_image_encoder()
         return loaded
 
-    # ---------------------------------------------------------------- generation, by the policy
-    # A `GenerationMixin`, so that transformers saves and loads the generation config and pipelines call `generate`;
-    # the decoding loop, and the generation config, are the policy's.
-    @property
-    def generation_config(self) -> GenerationConfig:
-        """The policy's generation config: saved with the model, read by `generate`."""
-        return self.policy.generation_config
-
-    @generation_config.setter
-    def generation_config(self, value: GenerationConfig) -> None:
-        # `PreTrainedModel.__init__` assigns a default before the policy exists, which then builds its own
-        if "policy" in self._modules:
-            self.policy.generation_config = value
-
-    @torch.no_grad()
+    # ---------------------------------------------------------------- generation, by the policy (with lookahead)
     def generate(
         self, *args, lookahead_lambda: float | None = None, lookahead_candidates: int | None = None, **kwargs
     ) -> torch.LongTensor:
@@ -372,49 +360,6 @@ class PolicyValueCaptioner(DetachableNetworkMixin, PolicyValuePreTrainedModel, G
         # after the other processors, so that tokens they exclude stay excluded
         kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), lookahead])
         return self.policy.generate(*args, **kwargs)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.policy.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.policy.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.policy.get_output_embeddings()
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.policy.set_output_embeddings(new_embeddings)
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        pixel_values: torch.FloatTensor | None = None,
-        image_features: torch.FloatTensor | None = None,
-        attention_mask: torch.LongTensor | None = None,
-        past_key_values: ShowTellRLState | None = None,
-        labels: torch.LongTensor | None = None,
-        image_index: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> ShowTellRLOutput | tuple:
-        """The policy's [`ShowTellRL.forward`] (teacher forcing, cached steps); the value network takes no part."""
-        return self.policy(
-            input_ids=input_ids,
-            pixel_values=pixel_values,
-            image_features=image_features,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            labels=labels,
-            image_index=image_index,
-            use_cache=use_cache,
-            output_hidden_states=output_hidden_states,
-            return_dict=return_dict,
-        )
-
-    def caption_log_probs(self, *args, **kwargs) -> torch.FloatTensor:
-        """The policy's [`ShowTellRL.caption_log_probs`]."""
-        return self.policy.caption_log_probs(*args, **kwargs)
 
     # ---------------------------------------------------------------- the value network
     def value(

@@ -23,14 +23,15 @@ import copy
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 
 from rlcaption.decoding import caption_token_mask
 from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder
-from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLState
+from rlcaption.models.show_tell_rl import ShowTellRL
 from rlcaption.models.visual_semantic_embedding import CaptionImageEmbedding
+from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
 from rlcaption.word_passing import soft_word_embeddings
 
 from .configuration_speaker_listener import SpeakerListenerConfig
@@ -137,7 +138,7 @@ class SpeakerListenerPreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
 
 
-class SpeakerListener(DetachableNetworkMixin, SpeakerListenerPreTrainedModel, GenerationMixin):
+class SpeakerListener(WrappedCaptionerMixin, DetachableNetworkMixin, SpeakerListenerPreTrainedModel, GenerationMixin):
     """
     Seed 004's speaker ([`ShowTellRL`], `self.speaker`) and listener ([`Listener`], `self.listener`).
 
@@ -148,6 +149,7 @@ class SpeakerListener(DetachableNetworkMixin, SpeakerListenerPreTrainedModel, Ge
 
     # the network an objective trains in its own optimizer group (see `DetachableNetworkMixin`)
     detachable_network_name = "listener"
+    wrapped_captioner_name = "speaker"
 
     def __init__(self, config: SpeakerListenerConfig):
         super().__init__(config)
@@ -203,71 +205,10 @@ class SpeakerListener(DetachableNetworkMixin, SpeakerListenerPreTrainedModel, Ge
         model._freeze_listener_image_encoder()
         return loaded
 
-    # ---------------------------------------------------------------- generation, by the speaker
-    # A `GenerationMixin`, so that transformers saves and loads the generation config and pipelines call `generate`;
-    # `generate` itself, and the generation config, are the speaker's.
-    @property
-    def generation_config(self) -> GenerationConfig:
-        """The speaker's generation config: saved with the model, read by `generate`."""
-        return self.speaker.generation_config
-
-    @generation_config.setter
-    def generation_config(self, value: GenerationConfig) -> None:
-        # `PreTrainedModel.__init__` assigns a default before the speaker exists, which then builds its own
-        if "speaker" in self._modules:
-            self.speaker.generation_config = value
-
-    def generate(self, *args, **kwargs) -> torch.LongTensor:
-        """The speaker's [`ShowTellRL.generate`], with the speaker's generation hooks (recurrent state, text prompts,
-        each image encoded once for its captions): discrete captions, starting with `<bos>`."""
-        return self.speaker.generate(*args, **kwargs)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.speaker.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.speaker.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.speaker.get_output_embeddings()
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.speaker.set_output_embeddings(new_embeddings)
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        pixel_values: torch.FloatTensor | None = None,
-        image_features: torch.FloatTensor | None = None,
-        attention_mask: torch.LongTensor | None = None,
-        past_key_values: ShowTellRLState | None = None,
-        labels: torch.LongTensor | None = None,
-        image_index: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-    ) -> ShowTellRLOutput | tuple:
-        """The speaker's [`ShowTellRL.forward`] (teacher forcing, cached steps); the listener takes no part."""
-        return self.speaker(
-            input_ids=input_ids,
-            pixel_values=pixel_values,
-            image_features=image_features,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            labels=labels,
-            image_index=image_index,
-            use_cache=use_cache,
-            output_hidden_states=output_hidden_states,
-            return_dict=return_dict,
-        )
-
+    # ---------------------------------------------------------------- captioning, by the speaker
     def decode_with_word_passing(self, *args, **kwargs):
         """The speaker's [`ShowTellRL.decode_with_word_passing`]: sampled captions as differentiable word vectors."""
         return self.speaker.decode_with_word_passing(*args, **kwargs)
-
-    def caption_log_probs(self, *args, **kwargs) -> torch.FloatTensor:
-        """The speaker's [`ShowTellRL.caption_log_probs`]."""
-        return self.speaker.caption_log_probs(*args, **kwargs)
 
     # ---------------------------------------------------------------- the listener
     def embed_captions(self, captions: torch.LongTensor) -> torch.FloatTensor:

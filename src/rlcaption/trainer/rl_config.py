@@ -80,8 +80,8 @@ class RLCaptionConfig(TrainingArguments):
     num_samples_per_image: int = field(
         default=5,
         metadata={
-            "help": "Captions sampled per image and step by `scst` and `sle` (k, s in seed 002; 5 as in "
-            "self-critical.pytorch and the paper). `spider_pg` "
+            "help": "Captions sampled per image and step by `scst`, `sle` and `actor_critic` (k, s in seed 002; 5 "
+            "as in self-critical.pytorch and the paper). `spider_pg` "
             "has its own count, `num_paths_per_image`: each of its samples also costs `num_rollouts` rollouts per "
             "token and the paper samples 1, so one setting for both would change one method's cost and recipe "
             "whenever a configuration is switched to the other objective."

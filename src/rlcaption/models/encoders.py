@@ -27,6 +27,7 @@ from transformers import AutoConfig, AutoModel
 from transformers import initialization as init
 
 __all__ = [
+    "init_cnn_and_gru_weights",
     "ENCODER_TYPES",
     "IMAGE_ENCODER_TYPES",
     "BackboneImageEncoder",
@@ -226,3 +227,25 @@ def build_image_encoder(config) -> ConvImageEncoder | BackboneImageEncoder | Pre
     if config.encoder_type == "features":
         return PrecomputedFeatureEncoder(config.image_feature_size)
     raise ValueError(f"Unknown encoder_type {config.encoder_type!r}; expected one of {ENCODER_TYPES}.")
+
+
+@torch.no_grad()
+def init_cnn_and_gru_weights(module: nn.Module) -> bool:
+    """
+    Initialises the layers that the models of rlcaption with a CNN and a GRU (listener, value network, visual-semantic
+    embedding) set up alike: a [`ConvImageEncoder`] by its own `init_weights` (its convolutions included), a GRU
+    with Xavier-uniform weights and zero biases.
+
+    Returns:
+        `True` when `module` was handled here; `False` for any other layer, left to the model's default
+        `_init_weights`.
+    """
+    if isinstance(module, ConvImageEncoder):
+        module.init_weights()
+    elif isinstance(module, nn.GRU):
+        for name, parameter in module.named_parameters():
+            if "weight" in name:
+                init.xavier_uniform_(parameter)
+            else:
+                init.zeros_(parameter)
+    return isinstance(module, ConvImageEncoder | nn.GRU | nn.Conv2d)  # convolutions: set by their ConvImageEncoder

@@ -26,10 +26,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
-from transformers import initialization as init
 
 from rlcaption.models.detachable import DetachableNetworkMixin
-from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder
+from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder, init_cnn_and_gru_weights
 from rlcaption.models.show_tell_rl import ShowTellRL
 from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
 
@@ -238,15 +237,7 @@ class PolicyValuePreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # The policy is a sub-model, initialised by its own `_init_weights`: only the value network's layers come here.
-        if isinstance(module, ConvImageEncoder):
-            module.init_weights()
-        elif isinstance(module, nn.GRU):
-            for name, parameter in module.named_parameters():
-                if "weight" in name:
-                    init.xavier_uniform_(parameter)
-                else:
-                    init.zeros_(parameter)
-        elif not isinstance(module, nn.Conv2d):  # the value network's convolutions, set by its ConvImageEncoder
+        if not init_cnn_and_gru_weights(module):
             super()._init_weights(module)
 
 

@@ -18,10 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import PreTrainedModel
-from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder
+from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder, init_cnn_and_gru_weights
 
 from .configuration_visual_semantic_embedding import VisualSemanticEmbeddingConfig
 
@@ -109,15 +108,7 @@ class VisualSemanticEmbeddingPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, ConvImageEncoder):
-            module.init_weights()
-        elif isinstance(module, nn.GRU):
-            for name, parameter in module.named_parameters():
-                if "weight" in name:
-                    init.xavier_uniform_(parameter)
-                else:
-                    init.zeros_(parameter)
-        elif not isinstance(module, nn.Conv2d):  # the CNN's convolutions, set by its ConvImageEncoder
+        if not init_cnn_and_gru_weights(module):
             super()._init_weights(module)
 
 

@@ -336,10 +336,16 @@ def test_variants_train_only_their_trajectories(processor, shapes, reward_clip, 
     assert logged(trainer, "reward/ground_truth") == [1.0]
 
 
-def test_a_run_resumed_in_discriminator_pretraining_reads_the_neighbours_and_stays_in_that_phase(
-    processor, shapes, reward_clip, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    ("killed_after", "pretraining_steps"), [(1, 2), (2, 1)], ids=["in-discriminator-pretraining", "in-rl"]
+)
+def test_a_killed_run_resumes_in_its_phase_reading_the_mined_neighbours(
+    processor, shapes, reward_clip, tmp_path, monkeypatch, killed_after, pretraining_steps
 ):
-    settings = {"max_steps": 3, "discriminator_pretraining_steps": 2, "save_strategy": "steps", "save_steps": 1}
+    settings = {
+        "max_steps": 3, "discriminator_pretraining_steps": pretraining_steps, "save_strategy": "steps",
+        "save_steps": 1,
+    }  # fmt: skip
     straight = make_trainer(
         make_show_tell(processor, IMAGE_SIZE, seed=0), processor, shapes, tmp_path / "straight", reward_clip,
         **settings,
@@ -348,10 +354,11 @@ def test_a_run_resumed_in_discriminator_pretraining_reads_the_neighbours_and_sta
     expected_model = {name: tensor.clone() for name, tensor in straight.model.state_dict().items()}
     expected_discriminator = {name: tensor.clone() for name, tensor in straight.auxiliary_state_dict().items()}
 
-    # the run killed after step 1: its output directory holds checkpoint-1 and the mined neighbours
+    # the run killed after step `killed_after`: its output directory holds that checkpoint and the mined neighbours
     killed = tmp_path / "killed"
     killed.mkdir()
-    shutil.copytree(tmp_path / "straight" / "checkpoint-1", killed / "checkpoint-1")
+    checkpoint = f"checkpoint-{killed_after}"
+    shutil.copytree(tmp_path / "straight" / checkpoint, killed / checkpoint)
     shutil.copy(tmp_path / "straight" / MINED_NEIGHBOURS_NAME, killed / MINED_NEIGHBOURS_NAME)
     calls = []
 
@@ -372,15 +379,16 @@ def test_a_run_resumed_in_discriminator_pretraining_reads_the_neighbours_and_sta
     resumed.train(resume_from_checkpoint=True)
     assert calls == []  # no training image embedded again, nothing mined again
 
-    # step 2 still pretrains D with the policy fixed, step 3 trains both
-    history = resumed.state.log_history  # the checkpoint's entries (step 1), then the resumed run's
+    # the checkpoint's log entries, then the resumed run's: every step in the phase it belongs to
+    history = resumed.state.log_history
     assert [(entry["step"], entry["objective_phase"]) for entry in history if "objective_phase" in entry] == [
-        (1, 0.0), (2, 0.0), (3, 1.0),
-    ]  # fmt: skip
-    checkpoint_1, after_step_2, after_step_3 = snapshots.states
-    assert torch.equal(after_step_2[0], checkpoint_1[0])
-    assert discriminator_changed(checkpoint_1, after_step_2)
-    assert not torch.equal(after_step_3[0], after_step_2[0])
+        (step, float(step > pretraining_steps)) for step in (1, 2, 3)
+    ]
+    # the steps after the resume: D pretraining keeps the policy fixed, the RL phase moves it; D learns in both
+    states = snapshots.states
+    for before, after, step in zip(states[:-1], states[1:], range(killed_after + 1, 4), strict=True):
+        assert torch.equal(after[0], before[0]) == (step <= pretraining_steps), step
+        assert discriminator_changed(before, after), step
     # and the resumed run ends where the uninterrupted one did
     for name, tensor in resumed.model.state_dict().items():
         torch.testing.assert_close(tensor, expected_model[name], rtol=0, atol=0, msg=name)

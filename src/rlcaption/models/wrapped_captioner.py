@@ -61,12 +61,13 @@ class WrappedCaptionerMixin:
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
         attention_mask: torch.LongTensor | None = None,
-        past_key_values: ShowTellRLState | None = None,
+        cache: ShowTellRLState | None = None,
         labels: torch.LongTensor | None = None,
         image_index: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: ShowTellRLState | None = None,
     ) -> ShowTellRLOutput | tuple:
         """The wrapped [`ShowTellRL.forward`] (teacher forcing, cached steps); the second network takes no part."""
         return self._captioner(
@@ -74,7 +75,7 @@ class WrappedCaptionerMixin:
             pixel_values=pixel_values,
             image_features=image_features,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache if cache is not None else past_key_values,
             labels=labels,
             image_index=image_index,
             use_cache=use_cache,

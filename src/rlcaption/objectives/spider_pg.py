@@ -38,6 +38,7 @@ from ..decoding import (
     repeat_image_inputs,
     selective_log_softmax,
 )
+from ..models.show_tell_rl import CACHE_NAME
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .scst import policy_gradient_loss
 
@@ -214,7 +215,7 @@ def sample_rollouts_per_prefix(
             image = {name: tensor[image_row : image_row + 1] for name, tensor in image_inputs.items()}
             outputs = model(input_ids=sequences[caption : caption + 1, : length + 1], use_cache=True, **image)
             logits = outputs.logits[:, -1].expand(num_rollouts, -1)  # (K, V)
-            state = outputs.past_key_values.repeat_interleave(num_rollouts)
+            state = getattr(outputs, CACHE_NAME).repeat_interleave(num_rollouts)
             rows = torch.arange(first, first + num_rollouts, device=sequences.device)
             alive = torch.ones(num_rollouts, dtype=torch.bool, device=sequences.device)
             for step in range(max_length - length):

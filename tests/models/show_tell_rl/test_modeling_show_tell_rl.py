@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
 import rlcaption.models.auto  # noqa: F401  (registers the Auto classes)
-from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig, ShowTellRLState
+from rlcaption.models.show_tell_rl import CACHE_NAME, ShowTellRL, ShowTellRLConfig, ShowTellRLState
 
 PAD, BOS, EOS = 0, 1, 2
 # the recurrent-state contract (caching, beams, prefixes) must hold for Show and Tell and for Show, Attend and Tell
@@ -102,8 +102,8 @@ def test_output_shapes_and_loss_matches_manual_cross_entropy():
     out = model(ids, pixel_values=random_pixels(3), labels=labels, output_hidden_states=True)
     assert out.logits.shape == (3, 6, 50)
     assert out.hidden_states.shape == (3, 6, 32)
-    assert isinstance(out.past_key_values, ShowTellRLState) and out.past_key_values.get_seq_length() == 6
-    assert out.past_key_values.hidden.shape == (1, 3, 32)
+    assert isinstance(getattr(out, CACHE_NAME), ShowTellRLState) and getattr(out, CACHE_NAME).get_seq_length() == 6
+    assert getattr(out, CACHE_NAME).hidden.shape == (1, 3, 32)
     log_probs = out.logits[:, :-1].log_softmax(-1)
     terms = [
         -log_probs[b, t, labels[b, t + 1]] for b in range(3) for t in range(5) if labels[b, t + 1] not in (PAD, -100)
@@ -127,14 +127,14 @@ def test_full_forward_equals_prefix_then_cached_steps(image_attention):
     ids, pixels = random_captions(3, 7), random_pixels(3)
     full = model(ids, pixel_values=pixels)
     prefix = model(ids[:, :3], pixel_values=pixels)
-    logits, cache = [prefix.logits], prefix.past_key_values
+    logits, cache = [prefix.logits], getattr(prefix, CACHE_NAME)
     for t in range(3, 7):
         # the image inputs must be ignored once there is a cache
-        out = model(ids[:, t : t + 1], pixel_values=torch.zeros_like(pixels), past_key_values=cache)
+        out = model(ids[:, t : t + 1], pixel_values=torch.zeros_like(pixels), cache=cache)
         logits.append(out.logits)
-        cache = out.past_key_values
+        cache = getattr(out, CACHE_NAME)
     torch.testing.assert_close(torch.cat(logits, dim=1), full.logits)
-    torch.testing.assert_close(cache.hidden, full.past_key_values.hidden)
+    torch.testing.assert_close(cache.hidden, getattr(full, CACHE_NAME).hidden)
     assert cache.get_seq_length() == 7
 
 
@@ -159,8 +159,8 @@ def test_padding_leaves_the_state_unchanged(padding_side):
     # without a cache to return (training), right padding takes the single-call path: same scored logits
     no_cache = model(padded, pixel_values=pixels, attention_mask=mask, use_cache=False).logits[0]
     torch.testing.assert_close(no_cache[:4] if padding_side == "right" else no_cache[2:], alone.logits[0])
-    torch.testing.assert_close(out.past_key_values.hidden[:, :1], alone.past_key_values.hidden)
-    torch.testing.assert_close(out.past_key_values.cell[:, :1], alone.past_key_values.cell)
+    torch.testing.assert_close(getattr(out, CACHE_NAME).hidden[:, :1], getattr(alone, CACHE_NAME).hidden)
+    torch.testing.assert_close(getattr(out, CACHE_NAME).cell[:, :1], getattr(alone, CACHE_NAME).cell)
     # the unpadded row is untouched by the other row's padding
     torch.testing.assert_close(out.logits[1], model(ids[1:], pixel_values=pixels[1:]).logits[0])
 

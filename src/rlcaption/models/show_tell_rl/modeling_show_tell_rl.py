@@ -26,7 +26,7 @@ from transformers.utils import ModelOutput
 from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder
 
 from .configuration_show_tell_rl import ShowTellRLConfig
-from .state_show_tell_rl import ShowTellRLPrefixStates, ShowTellRLState
+from .state_show_tell_rl import CACHE_NAME, ShowTellRLPrefixStates, ShowTellRLState
 
 __all__ = ["ShowTellRL", "ShowTellRLOutput", "ShowTellRLPreTrainedModel"]
 
@@ -40,8 +40,9 @@ class ShowTellRLOutput(ModelOutput):
             Mean cross-entropy of the next-token predictions over the non-ignored labels.
         logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`):
             Next-token scores: `logits[:, t]` predicts the token at position `t + 1`.
-        past_key_values ([`ShowTellRLState`], *optional*, returned when `use_cache=True`):
-            LSTM state after the last input token, to continue decoding from.
+        cache ([`ShowTellRLState`], *optional*, returned when `use_cache=True`):
+            LSTM state after the last input token, to continue decoding from (`past_key_values` with transformers
+            older than 5.24, whose `generate` reads that name: see `CACHE_NAME`).
         hidden_states (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*,
         returned when `output_hidden_states=True`):
             Top-layer LSTM output for each input token, combined with its attention read-out of the image grid when
@@ -50,7 +51,10 @@ class ShowTellRLOutput(ModelOutput):
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
-    past_key_values: ShowTellRLState | None = None
+    if CACHE_NAME == "cache":
+        cache: ShowTellRLState | None = None
+    else:
+        past_key_values: ShowTellRLState | None = None
     hidden_states: torch.FloatTensor | None = None
 
 
@@ -377,26 +381,27 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
         attention_mask: torch.LongTensor | None = None,
-        past_key_values: ShowTellRLState | None = None,
+        cache: ShowTellRLState | None = None,
         labels: torch.LongTensor | None = None,
         image_index: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: ShowTellRLState | None = None,
     ) -> ShowTellRLOutput | tuple:
         r"""
         Args:
             input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
                 Caption tokens, `<bos> w_1 ... <eos> <pad> ...` (with a cache: only the new tokens).
             pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
-                Images (`"cnn"`/`"backbone"` encoders). Read only when `past_key_values` is None.
+                Images (`"cnn"`/`"backbone"` encoders). Read only when `cache` is None.
             image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
-                Precomputed features (`"features"` encoder). Read only when `past_key_values` is None.
+                Precomputed features (`"features"` encoder). Read only when `cache` is None.
             attention_mask (`torch.LongTensor` of shape `(batch_size, sequence_length)` or
             `(batch_size, past_length + sequence_length)`, *optional*):
                 1 for tokens, 0 for padding; the LSTM state is carried unchanged through padding (left or right).
                 Only its last `sequence_length` columns are read.
-            past_key_values ([`ShowTellRLState`], *optional*):
+            cache ([`ShowTellRLState`], *optional*):
                 State to continue from; the image inputs are then ignored.
             labels (`torch.LongTensor` of shape `(batch_size, sequence_length)`, *optional*):
                 Causal-LM targets: `logits[:, t]` is scored against `labels[:, t + 1]`; -100 and `pad_token_id`
@@ -406,12 +411,14 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                 (which then hold each image once). Images are encoded once and their state shared by their captions,
                 instead of encoding repeated copies.
             use_cache (`bool`, *optional*):
-                Return the final state as `past_key_values`. Defaults to True in eval mode and False in training
+                Return the final state as `cache`. Defaults to True in eval mode and False in training
                 mode, where the state is not needed and right-padded batches take a faster path.
             output_hidden_states (`bool`, *optional*):
                 Return the top-layer LSTM outputs `(batch_size, sequence_length, hidden_size)`.
             return_dict (`bool`, *optional*):
                 Return a [`ShowTellRLOutput`] (default) or a tuple.
+            past_key_values ([`ShowTellRLState`], *optional*):
+                The name of `cache` before transformers 5.24 (whose `generate` passes it so).
         """
         if input_ids is None:
             raise ValueError("ShowTellRL.forward needs input_ids (start captions with the <bos> token id).")
@@ -422,8 +429,10 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         return_dict = self.config.return_dict if return_dict is None else return_dict
 
         # 1. starting state: after the image, or the given cache
-        if past_key_values is not None:
-            state = past_key_values
+        if cache is None:
+            cache = past_key_values
+        if cache is not None:
+            state = cache
         else:
             state = self.initial_state(pixel_values, image_features)
             if image_index is not None:
@@ -450,7 +459,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         output = ShowTellRLOutput(
             loss=loss,
             logits=logits,
-            past_key_values=final_state if use_cache else None,
+            **{CACHE_NAME: final_state if use_cache else None},
             hidden_states=outputs if output_hidden_states else None,
         )
         return output if return_dict else output.to_tuple()

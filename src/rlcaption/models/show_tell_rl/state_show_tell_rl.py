@@ -1,17 +1,22 @@
-"""The recurrent state of ShowTellRL: what `generate` keeps between steps (`past_key_values`) and the states after
-every prefix of given captions, where Monte-Carlo rollouts continue from."""
+"""The recurrent state of ShowTellRL: what `generate` keeps between steps (its cache) and the states after every prefix
+of given captions, where Monte-Carlo rollouts continue from."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-__all__ = ["ShowTellRLPrefixStates", "ShowTellRLState"]
+__all__ = ["CACHE_NAME", "ShowTellRLPrefixStates", "ShowTellRLState"]
+
+# transformers 5.24 renamed the decoding cache of model inputs and outputs from `past_key_values` to `cache`, and
+# `generate` passes and reads it under the new name: ShowTellRL's outputs speak the installed version's name.
+CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class ShowTellRLState:
-    """Recurrent state of a batch of partial captions: what `generate` keeps between steps as `past_key_values`.
+    """Recurrent state of a batch of partial captions: what `generate` keeps between steps as its cache.
 
     Args:
         hidden (`torch.FloatTensor` of shape `(num_layers, batch_size, hidden_size)`): LSTM hidden state.

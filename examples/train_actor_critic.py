@@ -12,8 +12,11 @@ together: the policy by the policy gradient with advantage `R − v(s_t)`, the v
 `cos(h_T(S), l_e(f_I))` of that model (`rlcaption.rewards.embedding`).
 
 The test split is scored at the end with plain beam search (`--eval_num_beams`) and, beside it, with lookahead beam
-search `λ · log p + (1 − λ) · v` (`--test_lookahead_lambda`, 0.4 as in Ren et al.; keys `lookahead_CIDEr`, ...). The
-output folder gets the model (both networks), its processor, a model card and `eval_results.json`. A run whose
+search `λ · log p + (1 − λ) · v` (`--test_lookahead_lambda`, 0.4 as in Ren et al.; keys `lookahead_CIDEr`, ...), and
+the value network by its explained variance on captions sampled for the test images, `1 − Var(R − v(s_t)) / Var(R)`
+over all their states (`value_explained_variance`: 1 when it predicts each caption's reward from every prefix, 0 when
+no better than a constant). The output folder gets the model (both networks), its processor, a model card and
+`eval_results.json`. A run whose
 `--output_dir` holds a complete checkpoint resumes from it; `--push_to_hub --hub_model_id org/name` publishes it.
 """
 
@@ -21,16 +24,18 @@ from dataclasses import dataclass, field
 
 from rlcaption.evaluation import evaluate_model
 from rlcaption.models import PolicyValueCaptioner, ShowTellRL
+from rlcaption.objectives.actor_critic import value_explained_variance
 from rlcaption.recipes import (
     RecipeArguments,
+    finish_recipe,
     load_pretrained_captioner,
     load_recipe_dataset,
     parse_recipe_arguments,
     recipe_model_card,
     reward_description,
-    train_and_finish,
 )
 from rlcaption.rewards import get_reward
+from rlcaption.trainer import RLCaptionTrainer
 
 RECIPE_DEFAULTS = {
     "objective": "actor_critic",
@@ -103,17 +108,27 @@ def main(argv=None):
     training_args.reward_weights = weights
     dataset = load_recipe_dataset(script_args)
 
-    def lookahead_scores(test_split):
+    # built here rather than by `train_and_finish`: the test scores need the run's sampling and rewards
+    trainer = RLCaptionTrainer(
+        model=model, args=training_args, processing_class=processor, train_dataset=dataset["train"],
+        eval_dataset=dataset.get("validation"), reward_funcs=rewards,
+    )  # fmt: skip
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+
+    def test_scores(test_split):
         scores = evaluate_model(
             model.eval(), processor, test_split, metrics=["cider", "bleu"],
             batch_size=training_args.per_device_eval_batch_size, num_beams=max(training_args.eval_num_beams, 2),
             max_new_tokens=training_args.max_caption_length, lookahead_lambda=script_args.test_lookahead_lambda,
         )  # fmt: skip
-        return {f"lookahead_{name}": scores[name] for name in ("CIDEr", "Bleu_4", "object_f1") if name in scores}
+        scores = {f"lookahead_{name}": scores[name] for name in ("CIDEr", "Bleu_4", "object_f1") if name in scores}
+        scores["value_explained_variance"] = value_explained_variance(trainer, test_split, seed=training_args.seed)
+        return scores
 
-    train_and_finish(
-        model, processor, dataset, script_args, training_args, _model_card, lookahead_scores, reward_funcs=rewards
-    )
+    def card(scores, num_test_images):
+        return _model_card(model, training_args, script_args, scores, num_test_images)
+
+    finish_recipe(trainer, processor, dataset, script_args, card, test_scores)
 
 
 if __name__ == "__main__":

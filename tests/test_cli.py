@@ -8,6 +8,7 @@ from rlcaption.cli import main
 from rlcaption.data import load_shapes
 from rlcaption.decoding import generate_captions
 from rlcaption.evaluation import caption_set_scores, caption_sets
+from rlcaption.models import PolicyValueCaptioner
 from rlcaption.processing import CaptionProcessor
 from tiny_captioners import make_show_tell
 
@@ -71,3 +72,90 @@ def test_evaluate_command_scores_caption_sets_as_the_library_does(saved_model, t
         expected = caption_set_scores(sets, references, shapes["test"])
         assert {name: printed[f"{decoding}3_{name}"] for name in expected} == pytest.approx(expected, nan_ok=True)
     assert "CIDEr" in printed and "sample3_object_f1" in printed
+
+
+# ---------------------------------------------------------------- lookahead beam search (seed 001)
+
+
+@pytest.fixture(scope="module")
+def saved_policy_value(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("policy_value")
+    processor = CaptionProcessor.from_captions(["a red circle", "a blue square", "two shapes"], image_size=IMAGE_SIZE)
+    torch.manual_seed(0)
+    model = PolicyValueCaptioner.from_policy(
+        make_show_tell(processor, IMAGE_SIZE, seed=4),
+        value_word_embedding_size=8, value_hidden_size=8, value_mlp_hidden_size=8,
+    )  # fmt: skip
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder, model.eval(), processor
+
+
+@pytest.fixture(scope="module")
+def image_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("images")
+    paths = []
+    for index, color in enumerate([(200, 30, 30), (30, 30, 200), (30, 160, 30)]):
+        paths.append(folder / f"picture{index}.png")
+        Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), color).save(paths[-1])
+    return [str(path) for path in paths]
+
+
+def caption_with_cli(capsys, folder, image_files, *options) -> list[str]:
+    assert main(["caption", "--model", str(folder), "--num-beams", "3", *options, *image_files]) == 0
+    # a caption may be empty (a random policy may end at once): only the line ends are stripped
+    return [line.split("\t", 1)[1] for line in capsys.readouterr().out.rstrip("\n").split("\n")]
+
+
+def test_caption_command_decodes_with_the_value_network_when_given_a_lookahead_lambda(
+    saved_policy_value, image_files, capsys
+):
+    folder, model, processor = saved_policy_value
+    plain = caption_with_cli(capsys, folder, image_files)
+    # λ = 1 weighs the policy alone: plain beam search
+    assert caption_with_cli(capsys, folder, image_files, "--lookahead-lambda", "1") == plain
+    # λ = 0 ranks by the value network alone: the library's lookahead decoding, which here differs from the policy's
+    by_value = caption_with_cli(capsys, folder, image_files, "--lookahead-lambda", "0")
+    pixel_values = processor(images=[Image.open(path) for path in image_files], return_tensors="pt")["pixel_values"]
+    expected = generate_captions(
+        model, processor, {"pixel_values": pixel_values}, num_beams=3, max_length=21, lookahead_lambda=0.0
+    ).texts
+    assert by_value == expected and by_value != plain
+
+
+def test_evaluate_command_with_lookahead_lambda_1_scores_plain_beam_search(
+    saved_policy_value, tmp_path, capsys, monkeypatch
+):
+    folder, _, _ = saved_policy_value
+    shapes = load_shapes(num_train=4, num_validation=2, num_test=4, image_size=48, seed=2)
+    shapes.save_to_disk(tmp_path / "shapes")
+    arguments = ["evaluate", "--model", str(folder), "--dataset", str(tmp_path / "shapes"), "--metrics", "cider"]
+    lambdas = []
+    generate = PolicyValueCaptioner.generate
+
+    def recording_generate(self, *args, **kwargs):
+        lambdas.append(kwargs.get("lookahead_lambda"))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyValueCaptioner, "generate", recording_generate)
+    assert main([*arguments, "--max-length", "8"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*arguments, "--max-length", "8", "--lookahead-lambda", "1"]) == 0
+    assert json.loads(capsys.readouterr().out) == plain
+    assert lambdas == [None, 1.0]  # one batch each: the option reaches the model's generate
+
+
+@pytest.mark.parametrize("command", ["caption", "evaluate"])
+def test_lookahead_lambda_is_refused_for_a_model_without_a_value_network(
+    saved_model, saved_policy_value, image_files, command, capsys
+):
+    inputs = image_files if command == "caption" else ["--dataset", "/nowhere"]  # fails before the dataset loads
+    folder = saved_model[0]
+    assert main([command, "--model", str(folder), "--lookahead-lambda", "0.4", *inputs]) == 1
+    error = capsys.readouterr().err
+    assert f"rlcaption {command}: error: --lookahead-lambda needs a model with a value network" in error
+    assert "ShowTellRL" in error
+    # a beam search needs beams
+    folder = saved_policy_value[0]
+    assert main([command, "--model", str(folder), "--lookahead-lambda", "0.4", "--num-beams", "1", *inputs]) == 1
+    assert "--num-beams >= 2" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from huggingface_hub import ModelCard
@@ -15,10 +16,12 @@ from safetensors.torch import load_file
 
 from rlcaption.cli import main as cli_main
 from rlcaption.data import load_shapes
+from rlcaption.data.shapes import most_specific_reference
 from rlcaption.evaluation import evaluate_model
 from rlcaption.listener_evaluation import listener_recall
 from rlcaption.models import ShowTellRL, ShowTellRLConfig, SpeakerListener
 from rlcaption.processing import CaptionProcessor
+from rlcaption.rewards import get_reward
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 # name -> (what its card must say about how it was trained, the beams of its recipe's test decoding)
@@ -196,3 +199,51 @@ def test_speaker_listener_checkpoint_loads_by_hub_id_and_its_listener_finds_imag
     recall = listener_recall(model, processor, shapes_test, ks=(1, 5))
     # among 40 test images, chance is 0.025 at R@1 and 0.125 at R@5
     assert recall["listener_R@5"] > 0.5, recall
+
+
+EMBEDDING = CHECKPOINTS / "visual-semantic-embedding-shapes"
+
+
+def test_embedding_checkpoint_is_hub_ready_small_codeless_and_its_card_reports_retrieval():
+    names = {path.name for path in EMBEDDING.iterdir()}
+    assert {"config.json", "model.safetensors", "processor_config.json", "README.md", "eval_results.json"} <= names
+    assert not [path for path in EMBEDDING.iterdir() if path.suffix in (".py", ".bin", ".pt")]
+    assert sum(path.stat().st_size for path in EMBEDDING.rglob("*") if path.is_file()) < 20 * 2**20
+    config = json.loads((EMBEDDING / "config.json").read_text())
+    assert config["model_type"] == "visual_semantic_embedding" and "auto_map" not in config
+    card = ModelCard.load(EMBEDDING / "README.md")
+    scores = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    results = json.loads((EMBEDDING / "eval_results.json").read_text())["test"]
+    assert scores["image-to-text R@10"] == round(results["i2t_R@10"], 4) and len(scores) == 6
+    assert "examples/train_embedding.py" in card.text
+    assert 'get_reward("embedding", model="rlcaption/visual-semantic-embedding-shapes")' in card.text
+    model_card = CHECKPOINTS.parent / "model_cards" / "visual-semantic-embedding-shapes.md"
+    assert model_card.read_text() == (EMBEDDING / "README.md").read_text()
+
+
+def test_embedding_checkpoint_loads_by_hub_id_and_its_reward_prefers_a_captions_own_image(tmp_path, shapes_test):
+    hub_id = "rlcaption/visual-semantic-embedding-shapes"
+    env = offline_hub_cache(tmp_path, hub_id, EMBEDDING)
+    script = textwrap.dedent(
+        f"""
+        import json
+        import rlcaption
+        from transformers import AutoModel, AutoProcessor
+        model = AutoModel.from_pretrained({hub_id!r})
+        processor = AutoProcessor.from_pretrained({hub_id!r})
+        print(json.dumps([type(model).__name__, type(processor).__name__]))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["VisualSemanticEmbedding", "CaptionProcessor"]
+
+    # the reward reads the XE captioner's words: both have one vocabulary
+    xe_vocabulary = CaptionProcessor.from_pretrained(CHECKPOINTS / "show-tell-rl-shapes-xe").tokenizer.get_vocab()
+    assert CaptionProcessor.from_pretrained(EMBEDDING).tokenizer.get_vocab() == xe_vocabulary
+    reward = get_reward("embedding", model=str(EMBEDDING))
+    captions = [most_specific_reference(references) for references in shapes_test["captions"]]
+    matching = np.array(reward(completions=captions, image=shapes_test["image"]))
+    # each image with the caption of the next one, often a near-duplicate (one attribute changed)
+    mismatched = np.array(reward(completions=captions[1:] + captions[:1], image=shapes_test["image"]))
+    assert np.mean(matching > mismatched) >= 0.8, (matching, mismatched)

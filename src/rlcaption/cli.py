@@ -10,6 +10,33 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 
+def _add_lookahead_argument(parser: argparse.ArgumentParser, note: str = "") -> None:
+    parser.add_argument(
+        "--lookahead-lambda",
+        type=float,
+        default=None,
+        help="For a model with a value network (a PolicyValueCaptioner, seed 001): the beam search ranks every "
+        "extension by λ·log p + (1 − λ)·v, λ in [0, 1] (Ren et al. report 0.4; 1 is plain beam search). Needs "
+        "--num-beams >= 2. Plain beam search when omitted." + note,
+    )
+
+
+def _lookahead_kwargs(model, args: argparse.Namespace) -> dict[str, float]:
+    """The `generate` argument of `--lookahead-lambda`, refused for a model without a value network or beams."""
+    if args.lookahead_lambda is None:
+        return {}
+    from .models import PolicyValueCaptioner
+
+    if not isinstance(model, PolicyValueCaptioner):
+        raise ValueError(
+            f"--lookahead-lambda needs a model with a value network (a PolicyValueCaptioner, e.g. trained by "
+            f"examples/train_actor_critic.py); {args.model} is a {type(model).__name__}. Drop the option."
+        )
+    if args.num_beams < 2:
+        raise ValueError(f"--lookahead-lambda is a beam search: pass --num-beams >= 2, got {args.num_beams}.")
+    return {"lookahead_lambda": args.lookahead_lambda}
+
+
 def _configure_caption_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("images", nargs="+", help="Image files to caption.")
     parser.add_argument("--model", required=True, help="Model folder or Hub id (e.g. a published rlcaption model).")
@@ -19,6 +46,7 @@ def _configure_caption_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-captions", type=int, default=1, help="Captions per image (at most --num-beams).")
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model.")
+    _add_lookahead_argument(parser)
 
 
 def _run_caption(args: argparse.Namespace) -> None:
@@ -34,6 +62,7 @@ def _run_caption(args: argparse.Namespace) -> None:
         num_beams=args.num_beams,
         num_return_sequences=args.num_captions,
         max_length=args.max_length,
+        **_lookahead_kwargs(model, args),
     )
     for index, path in enumerate(args.images):
         for caption in captions[index * args.num_captions : (index + 1) * args.num_captions]:
@@ -66,6 +95,7 @@ def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--set-size", type=int, default=5, help="Captions per image of each caption set.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the sampled caption sets.")
+    _add_lookahead_argument(parser, note=" The caption sets are decoded without it.")
 
 
 def _run_evaluate(args: argparse.Namespace) -> None:
@@ -74,6 +104,7 @@ def _run_evaluate(args: argparse.Namespace) -> None:
     from .inference import load_captioner
 
     model, processor = load_captioner(args.model)
+    lookahead = _lookahead_kwargs(model, args)  # before the dataset is loaded: a wrong option fails at once
     dataset = load_caption_dataset(args.dataset)
     if args.split not in dataset:
         raise SystemExit(f"Split {args.split!r} not in the dataset; it has {sorted(dataset)}.")
@@ -85,6 +116,7 @@ def _run_evaluate(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         num_beams=args.num_beams,
         max_length=args.max_length,
+        **lookahead,
     )
     for decoding in args.caption_sets:
         sets, references = caption_sets(

@@ -91,7 +91,12 @@ _DIVERSITY_AND_CLIP_METRICS.update(
         if "evaluator CLIP" in name
     }
 )
-_REPORTED_METRICS = {**_CAPTION_METRICS, **_SCENE_METRICS, **_DIVERSITY_AND_CLIP_METRICS}
+# How well a policy-value captioner's value network predicts the rewards of captions sampled for the test images
+# (`rlcaption.objectives.actor_critic.value_explained_variance`, seed 001).
+_VALUE_METRICS = {
+    "value_explained_variance": ("explained_variance", "Value network explained variance (sampled test captions)")
+}
+_REPORTED_METRICS = {**_CAPTION_METRICS, **_SCENE_METRICS, **_DIVERSITY_AND_CLIP_METRICS, **_VALUE_METRICS}
 # Keys that qualify the scores (supports, per-part figures, what `Trainer.evaluate` adds) rather than being scores
 # worth a card line.
 _QUALIFYING_KEYS = (

@@ -6,8 +6,14 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
+from rlcaption.decoding import caption_token_mask
 from rlcaption.models import PolicyValueCaptioner
-from rlcaption.objectives.actor_critic import actor_critic_losses, state_mask, value_regression_loss
+from rlcaption.objectives.actor_critic import (
+    actor_critic_losses,
+    state_mask,
+    value_explained_variance,
+    value_regression_loss,
+)
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
 
@@ -90,6 +96,74 @@ def test_advantages_and_losses_match_a_hand_computation(normalization):
     assert log_probs.grad is None
     expected_gradient = 2 * (values.detach() - rewards[:, None]) * state_mask(token_mask) / 7
     torch.testing.assert_close(values.grad, expected_gradient)
+
+
+# ---------------------------------------------------------------- explained variance on held-out captions
+
+
+def set_value_network_output(model, processor, monkeypatch, value_of_state):
+    """
+    Makes the value network return `value_of_state(text, t)` for state `s_t` of every caption, `text` the decoded
+    sampled caption; returns the list of `(text, input_ids row)` it was called on.
+    """
+    calls = []
+
+    def forward(input_ids, *args, **kwargs):
+        texts = [text.strip() for text in processor.batch_decode(input_ids, skip_special_tokens=True)]
+        calls.extend(zip(texts, input_ids, strict=True))
+        return torch.tensor([[value_of_state(text, t) for t in range(input_ids.shape[1])] for text in texts])
+
+    monkeypatch.setattr(model.value_network, "forward", forward)
+    return calls
+
+
+def word_count(text: str) -> float:
+    return 0.1 * len(text.split())  # = word_count_reward, the reward of make_trainer
+
+
+@pytest.mark.parametrize(
+    "value_of_state, expected",
+    [
+        (lambda text, t: 0.35, 0.0),  # a constant explains nothing, whatever it is (the mean reward included)
+        (lambda text, t: word_count(text), 1.0),  # v ≡ R: everything
+        (lambda text, t: 0.5 * word_count(text), 0.75),  # v = R / 2: Var(R − v) = Var(R) / 4
+    ],
+)
+def test_value_explained_variance_of_a_value_network_with_a_known_output(
+    processor, shapes, tmp_path, monkeypatch, value_of_state, expected
+):
+    trainer = make_trainer(processor, shapes, tmp_path)
+    set_value_network_output(trainer.model, processor, monkeypatch, value_of_state)
+    state = torch.random.get_rng_state()
+    explained = value_explained_variance(trainer, shapes["test"], num_samples_per_image=3)
+    assert explained == pytest.approx(expected, abs=1e-6)  # not nan: the sampled captions' rewards vary
+    # sampling is seeded, and leaves the global random state as it was
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert value_explained_variance(trainer, shapes["test"], num_samples_per_image=3) == explained
+
+
+def test_value_explained_variance_pairs_every_state_of_every_caption_with_its_reward(
+    processor, shapes, tmp_path, monkeypatch
+):
+    trainer = make_trainer(processor, shapes, tmp_path)
+    # v(s_0) = 0 at the start token, then the caption's reward: only the first state of each caption errs
+    calls = set_value_network_output(
+        trainer.model, processor, monkeypatch, lambda text, t: 0.0 if t == 0 else word_count(text)
+    )
+    explained = value_explained_variance(trainer, shapes["test"], num_samples_per_image=4)
+
+    targets, errors = [], []
+    for text, input_ids in calls:
+        num_states = 1 + int(caption_token_mask(input_ids[None], trainer.eos_token_id).sum())  # s_0 .. s_n
+        targets += [word_count(text)] * num_states
+        errors += [word_count(text)] + [0.0] * (num_states - 1)
+    assert len(calls) == 4 * shapes["test"].num_rows and np.var(targets) > 0
+    assert explained == pytest.approx(1.0 - np.var(errors) / np.var(targets))
+
+
+def test_value_explained_variance_is_undefined_for_a_constant_reward(processor, shapes, tmp_path):
+    trainer = make_trainer(processor, shapes, tmp_path, reward=lambda completions, **columns: [0.7] * len(completions))
+    assert math.isnan(value_explained_variance(trainer, shapes["test"]))
 
 
 # ---------------------------------------------------------------- training with RLCaptionTrainer

@@ -36,17 +36,28 @@ trained value network with the policy, which lookahead decoding needs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
-from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
+from ..decoding import caption_token_mask, evaluation_mode, image_inputs_of, sample_token_log_probs
+from ..evaluation import with_image_ids
 from ..models.policy_value import PolicyValueCaptioner
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .scst import policy_gradient_loss, sample_and_reward
 
-__all__ = ["ActorCriticObjective", "actor_critic_losses", "state_mask", "value_regression_loss"]
+if TYPE_CHECKING:
+    from ..trainer.rl_trainer import RLCaptionTrainer
+
+__all__ = [
+    "ActorCriticObjective",
+    "actor_critic_losses",
+    "state_mask",
+    "value_explained_variance",
+    "value_regression_loss",
+]
 
 
 def state_mask(token_mask: torch.Tensor) -> torch.Tensor:
@@ -104,6 +115,68 @@ def actor_critic_losses(
     advantages = rewards.to(state_values)[:, None] - state_values[:, :-1].detach()
     policy_loss = policy_gradient_loss(token_log_probs, token_mask, advantages, normalization)
     return policy_loss, value_regression_loss(state_values, rewards, token_mask)
+
+
+@torch.no_grad()
+def value_explained_variance(
+    trainer: RLCaptionTrainer, dataset, num_samples_per_image: int | None = None, seed: int = 0
+) -> float:
+    """
+    How well the value network predicts the reward of captions it was not trained on: the explained variance
+
+        EV = 1 − Var(R − v(s_t)) / Var(R)
+
+    over every state `s_0 .. s_n` ([`state_mask`]) of captions sampled from the policy for the images of `dataset`
+    (e.g. the test split), each state paired with its caption's final reward `R`. 1: `v` predicts every caption's
+    reward from each of its prefixes; 0: no better than a constant (such as the mean reward); below 0: worse. The
+    training logs the same ratio on the training batches.
+
+    The captions are drawn as the run draws them ([`RLCaptionTrainer.sample_captions`], from a random state seeded
+    with `seed`, the global one left as it was) and scored by the run's rewards ([`RLCaptionTrainer.compute_rewards`],
+    recorded under `value_evaluation`); `v` is [`PolicyValueCaptioner.value`], in evaluation mode.
+
+    Args:
+        trainer ([`RLCaptionTrainer`]): the run, its model a [`PolicyValueCaptioner`].
+        dataset (`datasets.Dataset`): images and their `captions`, collated by the trainer's collator.
+        num_samples_per_image (`int`, *optional*): captions sampled per image; the run's `num_samples_per_image`
+            when unset.
+        seed (`int`, *optional*, defaults to 0): seeds the sampling.
+
+    Returns:
+        `float`: EV; `nan` when the rewards do not vary (the ratio is undefined).
+    """
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not isinstance(model, PolicyValueCaptioner):
+        raise ValueError(
+            f"The explained variance of a value network needs a PolicyValueCaptioner, got {type(model).__name__}."
+        )
+    num_samples = num_samples_per_image or trainer.args.num_samples_per_image
+    loader = DataLoader(
+        with_image_ids(dataset), batch_size=trainer.args.per_device_eval_batch_size, collate_fn=trainer.data_collator
+    )
+    device = next(model.parameters()).device
+    targets, predictions = [], []
+    with torch.random.fork_rng(), evaluation_mode(model):
+        torch.manual_seed(seed)
+        for batch in loader:
+            # 1. captions sampled from the policy and their rewards R
+            image_inputs = {name: tensor.to(device) for name, tensor in image_inputs_of(batch).items()}
+            samples = trainer.sample_captions(image_inputs, num_return_sequences=num_samples)
+            sample_index = torch.arange(len(batch["references"]), device=device).repeat_interleave(num_samples)
+            rewards = trainer.compute_rewards(
+                samples.texts, batch, row_index=sample_index.tolist(), log_prefix="value_evaluation"
+            )  # (N,)
+            # 2. v(s_t) at every state of every caption, each state paired with R
+            values = model.value(input_ids=samples.sequences, image_index=sample_index, **image_inputs)  # (N, T + 1)
+            states = state_mask(caption_token_mask(samples.sequences, trainer.eos_token_id)).bool()
+            rewards = torch.as_tensor(rewards, dtype=torch.float64, device=device)[:, None].expand_as(values)
+            targets.append(rewards[states])
+            predictions.append(values[states].double())
+    targets, predictions = torch.cat(targets), torch.cat(predictions)
+    # only where the rewards vary, as in training: the ratio of a constant reward's (rounding-level) variance is noise
+    if float(targets.std()) <= 1e-6:
+        return float("nan")
+    return 1.0 - float((targets - predictions).var(unbiased=False) / targets.var(unbiased=False))
 
 
 @register_objective

@@ -9,9 +9,9 @@ by a linear map `l_e(f_I)` of its features, into one space; the reward of a capt
 
 The embedding is trained on the ground-truth pairs of the training split by [`train_embedding_model`] with the
 bidirectional hinge ranking loss of margin γ ([`bidirectional_hinge_losses`]), then saved as its own checkpoint
-(config, safetensors and its `CaptionProcessor`) and loaded by folder or Hub id: `get_reward("embedding",
-model="checkpoints/shapes-embedding")`. It mixes with metric rewards through `RewardMix`, e.g.
-`RewardMix(["cider", embedding], weights=[1.0, 0.5])`.
+(config, safetensors and its `CaptionProcessor`; `examples/train_embedding.py` does all of it) and loaded by folder or
+Hub id: `get_reward("embedding", model="checkpoints/visual-semantic-embedding-shapes")`, the shipped one. It mixes
+with metric rewards through `RewardMix`, e.g. `RewardMix(["cider", embedding], weights=[1.0, 0.5])`.
 
 The model has the interface of a CLIP (`get_text_features`, `get_image_features`), so captions and images are embedded
 by the same functions as for the CLIP metrics and rewards (`rlcaption.metrics.clip`), and the `pixel_values` the
@@ -21,7 +21,7 @@ trainer passes are turned back into images for the embedding's own processor, as
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -89,6 +89,7 @@ def train_embedding_model(
     learning_rate: float = 2e-4,
     margin: float = 0.2,
     seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """
     Trains a [`VisualSemanticEmbedding`] in place on the ground-truth pairs of `train_dataset` with the bidirectional
@@ -107,6 +108,8 @@ def train_embedding_model(
         learning_rate (`float`, *optional*, defaults to 2e-4): Adam's learning rate.
         margin (`float`, *optional*, defaults to 0.2): γ of the hinge.
         seed (`int`, *optional*, defaults to 0): seeds the batches and the choice of references.
+        on_step (`Callable[[int, float], None]`, *optional*): called after every step with its number (from 1) and
+            its loss, e.g. to print the loss now and then during a long run.
 
     Returns:
         `list[float]`: the loss of every step.
@@ -129,7 +132,7 @@ def train_embedding_model(
     was_training = model.training
     model.train()
     losses = []
-    for _ in range(num_steps):
+    for step in range(1, num_steps + 1):
         rows = torch.randperm(len(references), generator=generator)[:batch_size]  # distinct images
         counts = torch.tensor([len(references[row]) for row in rows.tolist()])
         choices = (torch.rand(batch_size, generator=generator) * counts).long().tolist()  # one reference per image
@@ -145,6 +148,8 @@ def train_embedding_model(
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, losses[-1])
     model.train(was_training)
     return losses
 
@@ -169,7 +174,7 @@ class EmbeddingReward:
 
     Example:
         ```python
-        >>> reward = get_reward("embedding", model="checkpoints/shapes-embedding")
+        >>> reward = get_reward("embedding", model="checkpoints/visual-semantic-embedding-shapes")
         >>> reward(completions=["a red circle"], references=[[...]], pixel_values=pixel_values)
         ```
     """

@@ -69,6 +69,24 @@ def markdown_table(
     return "\n".join(lines)
 
 
+def write_card_section(card: Path, heading: str, body: str) -> None:
+    """
+    Puts `## <heading>` with `body` into the model card `card` (a checkpoint's `README.md`) before its first section
+    after the evaluation, or in place of the section of that heading a previous run wrote.
+    """
+    text = card.read_text(encoding="utf-8")
+    section = f"## {heading}\n\n{body.strip()}\n\n"
+    start = text.find(f"## {heading}\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
+    else:
+        evaluation = text.find("## Evaluation\n")
+        end = text.find("\n## ", evaluation + 1) if evaluation >= 0 else -1
+        text = text[: end + 1] + section + text[end + 1 :] if end >= 0 else text.rstrip("\n") + "\n\n" + section
+    card.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+
+
 @contextmanager
 def plot_to(path: Path, figsize: tuple[float, float] = (6, 4.2)) -> Iterator[Any]:
     """A matplotlib figure's axes to draw on; on exit, legend and grid are added and the figure is saved to `path`."""

@@ -60,6 +60,25 @@ def offline_hub_cache(tmp_path, hub_id: str, folder: Path) -> dict[str, str]:
     return {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
 
 
+def auto_classes_by_hub_id(tmp_path, hub_id: str, folder: Path, auto_class: str) -> list[str]:
+    """The classes `transformers.<auto_class>` and `AutoProcessor` load for `hub_id` held in a local Hub cache, in a
+    fresh offline process that only imports rlcaption (which registers its models with the Auto classes)."""
+    env = offline_hub_cache(tmp_path, hub_id, folder)
+    script = textwrap.dedent(
+        f"""
+        import json
+        import rlcaption
+        from transformers import {auto_class}, AutoProcessor
+        model = {auto_class}.from_pretrained({hub_id!r})
+        processor = AutoProcessor.from_pretrained({hub_id!r})
+        print(json.dumps([type(model).__name__, type(processor).__name__]))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def _caption(model, processor, image_path, num_beams=3):
     from PIL import Image
 
@@ -178,21 +197,10 @@ def test_speaker_listener_checkpoint_is_hub_ready_and_its_card_reports_the_liste
 
 
 def test_speaker_listener_checkpoint_loads_by_hub_id_and_its_listener_finds_images(tmp_path, shapes_test):
-    hub_id = "rlcaption/speaker-listener-shapes-psst"
-    env = offline_hub_cache(tmp_path, hub_id, SPEAKER_LISTENER)
-    script = textwrap.dedent(
-        f"""
-        import json
-        import rlcaption
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-        model = AutoModelForImageTextToText.from_pretrained({hub_id!r})
-        processor = AutoProcessor.from_pretrained({hub_id!r})
-        print(json.dumps([type(model).__name__, type(processor).__name__]))
-        """
+    loaded = auto_classes_by_hub_id(
+        tmp_path, "rlcaption/speaker-listener-shapes-psst", SPEAKER_LISTENER, "AutoModelForImageTextToText"
     )
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["SpeakerListener", "CaptionProcessor"]
+    assert loaded == ["SpeakerListener", "CaptionProcessor"]
 
     model = SpeakerListener.from_pretrained(SPEAKER_LISTENER).eval()
     processor = CaptionProcessor.from_pretrained(SPEAKER_LISTENER)
@@ -222,21 +230,8 @@ def test_embedding_checkpoint_is_hub_ready_small_codeless_and_its_card_reports_r
 
 
 def test_embedding_checkpoint_loads_by_hub_id_and_its_reward_prefers_a_captions_own_image(tmp_path, shapes_test):
-    hub_id = "rlcaption/visual-semantic-embedding-shapes"
-    env = offline_hub_cache(tmp_path, hub_id, EMBEDDING)
-    script = textwrap.dedent(
-        f"""
-        import json
-        import rlcaption
-        from transformers import AutoModel, AutoProcessor
-        model = AutoModel.from_pretrained({hub_id!r})
-        processor = AutoProcessor.from_pretrained({hub_id!r})
-        print(json.dumps([type(model).__name__, type(processor).__name__]))
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["VisualSemanticEmbedding", "CaptionProcessor"]
+    loaded = auto_classes_by_hub_id(tmp_path, "rlcaption/visual-semantic-embedding-shapes", EMBEDDING, "AutoModel")
+    assert loaded == ["VisualSemanticEmbedding", "CaptionProcessor"]
 
     # the reward reads the XE captioner's words: both have one vocabulary
     xe_vocabulary = CaptionProcessor.from_pretrained(CHECKPOINTS / "show-tell-rl-shapes-xe").tokenizer.get_vocab()

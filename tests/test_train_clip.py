@@ -1,12 +1,10 @@
 """The CLIP recipe: its batching helpers on real shapes data, and a tiny run end to end as a user launches it."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,16 +14,12 @@ from transformers import AutoModel, AutoProcessor
 from rlcaption.data import load_shapes
 from rlcaption.data.shapes import most_specific_reference
 from rlcaption.models import ShapesCLIPModel
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from test_recipes import EXAMPLES, load_recipe
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("train_clip", EXAMPLES / "train_clip.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_recipe("train_clip")
 
 
 @pytest.fixture(scope="module")

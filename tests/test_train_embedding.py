@@ -1,7 +1,6 @@
 """The embedding recipe (`examples/train_embedding.py`): a tiny run end to end, its Hub folder, card and reward, and
 the inputs it refuses."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -22,8 +21,8 @@ from rlcaption.models import VisualSemanticEmbedding
 from rlcaption.processing import CaptionProcessor
 from rlcaption.rewards import get_reward
 from test_published_checkpoints import offline_hub_cache
+from test_recipes import EXAMPLES, load_recipe
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 XE_CAPTIONER = Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe"
 HUB_ID = "org/tiny-embedding"
 # Few images and a small GRU over the published XE captioner's fixed CNN: enough steps to learn, seconds to run.
@@ -37,10 +36,7 @@ TINY_RUN = [
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("train_embedding", EXAMPLES / "train_embedding.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_recipe("train_embedding")
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ CAPTIONERS = {
     "show-tell-rl-shapes-xe": ("train_xe.py", 1),
     "show-tell-rl-shapes-spider-pg-cider": ("spider_pg", 3),
     "show-tell-rl-shapes-sle": ("train_sle.py", 5),
+    "show-tell-rl-shapes-wtf-rl": ("train_wtf.py", 3),
 }
 captioners = pytest.mark.parametrize("name", list(CAPTIONERS))
 

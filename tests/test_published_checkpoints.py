@@ -19,7 +19,7 @@ from rlcaption.data import load_shapes
 from rlcaption.data.shapes import most_specific_reference
 from rlcaption.evaluation import evaluate_model
 from rlcaption.listener_evaluation import listener_recall
-from rlcaption.models import ShowTellRL, ShowTellRLConfig, SpeakerListener
+from rlcaption.models import PolicyValueCaptioner, ShowTellRL, ShowTellRLConfig, SpeakerListener
 from rlcaption.processing import CaptionProcessor
 from rlcaption.rewards import get_reward
 
@@ -243,3 +243,41 @@ def test_embedding_checkpoint_loads_by_hub_id_and_its_reward_prefers_a_captions_
     # each image with the caption of the next one, often a near-duplicate (one attribute changed)
     mismatched = np.array(reward(completions=captions[1:] + captions[:1], image=shapes_test["image"]))
     assert np.mean(matching > mismatched) >= 0.8, (matching, mismatched)
+
+
+POLICY_VALUE = CHECKPOINTS / "policy-value-shapes-ac"
+
+
+def test_policy_value_checkpoint_is_hub_ready_and_its_card_reports_lookahead_and_the_value_network():
+    names = {path.name for path in POLICY_VALUE.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "processor_config.json"} <= names
+    assert not [path for path in POLICY_VALUE.iterdir() if path.suffix in (".py", ".bin", ".pt")]
+    assert sum(path.stat().st_size for path in POLICY_VALUE.rglob("*") if path.is_file()) < 20 * 2**20
+    weights = load_file(str(POLICY_VALUE / "model.safetensors"))
+    assert any(key.startswith("value_network.") for key in weights)  # lookahead needs the trained value network
+    card = ModelCard.load(POLICY_VALUE / "README.md")
+    scores = {result.metric_name: result.metric_value for result in card.data.eval_results}
+    results = json.loads((POLICY_VALUE / "eval_results.json").read_text())["test"]
+    assert scores["CIDEr-D"] == round(results["CIDEr"], 4)
+    assert any("lookahead" in name for name in scores)
+    assert any("explained variance" in name for name in scores)
+    assert "train_actor_critic.py" in card.text
+    model_card = CHECKPOINTS.parent / "model_cards" / "policy-value-shapes-ac.md"
+    assert model_card.read_text() == (POLICY_VALUE / "README.md").read_text()
+
+
+def test_policy_value_checkpoint_loads_by_hub_id_and_looks_ahead(tmp_path, shapes_test):
+    loaded = auto_classes_by_hub_id(
+        tmp_path, "rlcaption/policy-value-shapes-ac", POLICY_VALUE, "AutoModelForImageTextToText"
+    )
+    assert loaded == ["PolicyValueCaptioner", "CaptionProcessor"]
+
+    model = PolicyValueCaptioner.from_pretrained(POLICY_VALUE).eval()
+    processor = CaptionProcessor.from_pretrained(POLICY_VALUE)
+    plain = evaluate_model(model, processor, shapes_test, metrics=("cider",), num_beams=3)
+    lookahead = evaluate_model(model, processor, shapes_test, metrics=("cider",), num_beams=3, lookahead_lambda=0.4)
+    # a policy that sees names the right objects with either decoding (blind: F1 ~0.03)
+    assert plain["object_f1"] > 0.75 and lookahead["object_f1"] > 0.75, (plain, lookahead)
+    # λ = 1 is plain beam search, so the value network is what λ < 1 adds
+    same = evaluate_model(model, processor, shapes_test, metrics=("cider",), num_beams=3, lookahead_lambda=1.0)
+    assert same["CIDEr"] == pytest.approx(plain["CIDEr"], abs=1e-9)

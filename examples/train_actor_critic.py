@@ -22,6 +22,8 @@ no better than a constant). The output folder gets the model (both networks), it
 
 from dataclasses import dataclass, field
 
+from transformers import set_seed
+
 from rlcaption.evaluation import evaluate_model
 from rlcaption.models import PolicyValueCaptioner, ShowTellRL
 from rlcaption.objectives.actor_critic import value_explained_variance
@@ -100,6 +102,7 @@ def main(argv=None):
         )
     model, processor = load_pretrained_captioner(script_args.model_name_or_path)
     if isinstance(model, ShowTellRL):
+        set_seed(training_args.seed)  # the new value network's initialisation is the run's seed's, not chance's
         model = PolicyValueCaptioner.from_policy(model, value_hidden_size=script_args.value_hidden_size)
     rewards, weights = list(training_args.reward_funcs), training_args.reward_weights
     if script_args.embedding_model:

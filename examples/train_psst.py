@@ -23,6 +23,8 @@ it; `--push_to_hub --hub_model_id org/name` publishes the folder.
 
 from dataclasses import dataclass, field
 
+from transformers import set_seed
+
 from rlcaption.listener_evaluation import listener_recall
 from rlcaption.models import ShowTellRL, SpeakerListener
 from rlcaption.recipes import (
@@ -92,6 +94,7 @@ def main(argv=None):
         )
     model, processor = load_pretrained_captioner(script_args.model_name_or_path)
     if isinstance(model, ShowTellRL):
+        set_seed(training_args.seed)  # the new listener's initialisation is the run's seed's, not chance's
         model = SpeakerListener.from_speaker(
             model,
             listener_hidden_size=script_args.listener_hidden_size,

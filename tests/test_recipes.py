@@ -5,6 +5,7 @@ from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
+import torch
 
 from rlcaption.hub import publish_folder
 from rlcaption.recipes import check_pretrained_reference, parse_recipe_arguments, resolve_resume_from_checkpoint
@@ -150,3 +151,33 @@ def tiny_show_tell():
     captions = [caption for row in shapes["train"]["captions"] for caption in row]
     processor = CaptionProcessor.from_captions(captions, image_size=48)
     return new_show_tell_rl(processor, 48, [4, 8], 8), processor, shapes
+
+
+class _ModelBuilt(Exception):
+    """Stops a recipe once its model is built, before any training."""
+
+
+@pytest.mark.parametrize(
+    "recipe, stop_at, new_network",
+    [("train_actor_critic", "RLCaptionTrainer", "value_network"), ("train_psst", "train_and_finish", "listener")],
+)
+def test_the_network_a_recipe_adds_to_the_captioner_starts_from_the_run_s_seed(
+    recipe, stop_at, new_network, tmp_path, monkeypatch
+):
+    module = load_recipe(recipe)
+    monkeypatch.setattr(module, "load_recipe_dataset", lambda script_args: {"train": None})
+
+    def stop(model, *args, **kwargs):
+        raise _ModelBuilt(model)
+
+    monkeypatch.setattr(module, stop_at, stop)
+
+    def initial_weights(seed: int) -> list[torch.Tensor]:
+        torch.rand(int(torch.randint(1, 100, ())))  # random numbers drawn before the recipe must not matter
+        with pytest.raises(_ModelBuilt) as built:
+            module.main(["--output_dir", str(tmp_path / f"seed{seed}"), "--use_cpu", "--seed", str(seed)])
+        return [weight.clone() for weight in getattr(built.value.args[0], new_network).parameters()]
+
+    first, again, other = initial_weights(0), initial_weights(0), initial_weights(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))

@@ -9,21 +9,33 @@ CIDEr-D, BLEU-4, object F1 and the share of parse failures (language drift); the
     python benchmarks/psst_reproduction.py --output-dir runs/psst_reproduction --jobs 2
 
 Prints one table per sweep (mean ± s.d. over seeds), the listener R@10 of each mode at a fixed CIDEr-D (linear
-interpolation along its λ curve; the paper's headline: PSST 86.3 > ST 81.8 > REINFORCE 80.5 at CIDEr 1.2 on COCO),
-writes `<output-dir>/results.json` and plots recall@10 against CIDEr-D (`--plot`). Runs whose scores exist are read,
-not trained again.
+interpolation along each seed's λ curve, then mean ± s.d. over seeds; the paper's headline: PSST 86.3 > ST 81.8 >
+REINFORCE 80.5 at CIDEr 1.2 on COCO), writes `<output-dir>/results.json`, plots recall@10 against CIDEr-D (`--plot`)
+and, with `--card`, puts the tables and the plot into a checkpoint's model card. Runs whose scores exist are read, not
+trained again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, plot_to, run_recipe_once, summarise
+from reproduction import (
+    EVALUATOR_CLIP,
+    REPOSITORY,
+    WARM_START,
+    markdown_table,
+    plot_to,
+    run_recipe_once,
+    summarise,
+    write_card_section,
+)
 
 MODES = ("st", "psst", "gumbel", "reinforce")
 COLUMNS = (
@@ -73,16 +85,36 @@ def recall_at_fixed_cider(points: list[tuple[float, float]], cider: float) -> fl
     return None
 
 
-def _plot(curves: dict[str, list[tuple[float, float, float]]], path: Path) -> None:
+def _plot(curves: dict[str, list[tuple[float, float, float, float, float]]], path: Path) -> None:
     with plot_to(path) as axes:
         for mode, points in curves.items():
-            points = sorted(points, key=lambda point: point[2])  # along λ
-            axes.plot([c for c, _, _ in points], [r for _, r, _ in points], marker="o", label=mode)
-            for cider, recall, lam in points:
-                axes.annotate(f"{lam * 1e3:g}", (cider, recall), fontsize=6, xytext=(2, 2), textcoords="offset points")
+            points = sorted(points, key=lambda point: point[4])  # along λ
+            cider, cider_sd, recall, recall_sd, lambdas = zip(*points, strict=True)
+            axes.errorbar(cider, recall, xerr=cider_sd, yerr=recall_sd, marker="o", capsize=2, label=mode)
+            for x, y, lam in zip(cider, recall, lambdas, strict=True):
+                axes.annotate(f"{lam * 1e3:g}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
         axes.set_xlabel("CIDEr-D of the speaker's captions (test, beam 3)")
         axes.set_ylabel("listener recall@10 among the test images")
-        axes.set_title("Shapes: discriminability vs naturalness over λ (labels: λ × 1e3)")
+        axes.set_title(
+            "Shapes: discriminability vs naturalness over λ (labels: λ × 1e3; ± s.d. over seeds)", fontsize=9
+        )
+
+
+def fixed_cider_table(curves: dict[str, list[list[tuple[float, float]]]], cider: float) -> str:
+    """
+    Markdown table of each mode's listener R@10 at CIDEr-D `cider`, read off each seed's own λ curve (`curves`:
+    `{mode: [[(CIDEr-D, R@10) of each λ] of each seed]}`), as mean ± s.d. over the seeds whose curve reaches it.
+    """
+    lines = [
+        f"| words passed | seeds reaching CIDEr-D {cider:.2f} | listener R@10 at CIDEr-D {cider:.2f} |",
+        "|---|---|---|",
+    ]
+    for mode, seeds in curves.items():
+        recalls = [r for r in (recall_at_fixed_cider(points, cider) for points in seeds) if r is not None]
+        summary = summarise([{"R@10": r} for r in recalls], ["R@10"]).get("R@10")
+        cell = "not reached" if summary is None else f"{summary[0]:.3f} ± {summary[1]:.3f}"
+        lines.append(f"| {mode} | {len(recalls)} of {len(seeds)} | {cell} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -104,6 +136,7 @@ def main() -> None:
     parser.add_argument("--fixed-cider", type=float, default=None, help="CIDEr-D of the fixed-CIDEr comparison.")
     parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
     parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "psst_lambda_sweep.png")
+    parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
     args = parser.parse_args()
     output_dir = args.output_dir.resolve()
     start = _warm_up_listener(output_dir, args.listener_warmup_steps)
@@ -142,35 +175,50 @@ def main() -> None:
     num_runs = {name[key]: len(runs) for key, runs in results.items()}
     lambda_rows = [name[key] for key in results if key[2] == 0.25 or key[0] != "psst"]
     warm_up = summarise([json.loads((start / "eval_results.json").read_text())["test"]], keys)
-    print(f"\nShapes test split (500 images), {args.max_steps} steps from the XE speaker and its warmed-up listener")
-    print(
-        table(
-            {"XE + warmed-up listener": warm_up, **{row: rows[row] for row in lambda_rows}},
-            {**num_runs, "XE + warmed-up listener": 1},
-        )
+    lambda_title = (
+        f"Shapes test split (500 images), {args.max_steps} steps from the XE speaker and its warmed-up listener"
     )
+    lambda_table = table(
+        {"XE + warmed-up listener": warm_up, **{row: rows[row] for row in lambda_rows}},
+        {**num_runs, "XE + warmed-up listener": 1},
+    )
+    print(f"\n{lambda_title}\n{lambda_table}")
     rho_rows = [name[key] for key in results if key[0] == "psst" and key[1] == args.rho_lambda]
-    print(f"\nρ sweep of psst at λ={args.rho_lambda * 1e3:g}e-3")
-    print(table({row: rows[row] for row in sorted(rho_rows)}, num_runs))
+    rho_title = f"ρ sweep of psst at λ={args.rho_lambda * 1e3:g}e-3"
+    rho_table = table({row: rows[row] for row in sorted(rho_rows)}, num_runs)
+    print(f"\n{rho_title}\n{rho_table}")
 
+    lambda_keys = {mode: [key for key in results if key[0] == mode and key[2] == 0.25] for mode in args.modes}
     curves = {
+        mode: [(*rows[name[key]]["CIDEr"], *rows[name[key]]["listener_R@10"], key[1]) for key in keys_of_mode]
+        for mode, keys_of_mode in lambda_keys.items()
+    }
+    seed_curves = {
         mode: [
-            (rows[name[key]]["CIDEr"][0], rows[name[key]]["listener_R@10"][0], key[1])
-            for key in results
-            if key[0] == mode and key[2] == 0.25
+            [(results[key][seed]["CIDEr"], results[key][seed]["listener_R@10"]) for key in keys_of_mode]
+            for seed in range(len(args.seeds))
         ]
-        for mode in args.modes
+        for mode, keys_of_mode in lambda_keys.items()
     }
     fixed = args.fixed_cider
-    if fixed is None:  # the highest CIDEr-D every mode's curve reaches, so that each one can be read there
-        fixed = float(np.round(min(max(c for c, _, _ in points) for points in curves.values()), 2))
-    print(f"\nlistener R@10 at CIDEr-D {fixed:.2f} (interpolated along each mode's λ curve)")
-    for mode, points in curves.items():
-        recall = recall_at_fixed_cider([(c, r) for c, r, _ in points], fixed)
-        print(f"  {mode:10s} {'not reached' if recall is None else f'{recall:.3f}'}")
+    if fixed is None:  # the highest CIDEr-D that every seed's curve of every mode reaches, so all can be read there
+        fixed = float(
+            np.floor(min(max(c for c, _ in points) for seeds in seed_curves.values() for points in seeds) * 100) / 100
+        )
+    fixed_table = fixed_cider_table(seed_curves, fixed)
+    print(f"\nlistener R@10 at CIDEr-D {fixed:.2f}, interpolated along each seed's λ curve\n{fixed_table}")
     (output_dir / "results.json").write_text(json.dumps({name[key]: runs for key, runs in results.items()}, indent=1))
     _plot(curves, args.plot)
     print(f"\nplot: {args.plot}")
+    if args.card is not None:  # the checkpoint's card gets the three tables and the plot, copied beside it
+        shutil.copyfile(args.plot, args.card.parent / args.plot.name)
+        command = "python benchmarks/psst_reproduction.py " + " ".join(sys.argv[1:])
+        write_card_section(
+            args.card, "Reproduction on shapes",
+            f"{lambda_title} (`{command}`):\n\n{lambda_table}\n\n{rho_title}:\n\n{rho_table}\n\n"
+            f"Listener R@10 at a fixed CIDEr-D, interpolated along each seed's λ curve:\n\n{fixed_table}\n\n"
+            f"![listener recall@10 against CIDEr-D over λ]({args.plot.name})",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

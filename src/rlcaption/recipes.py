@@ -324,7 +324,7 @@ def finish_recipe(
     process with `trainer.evaluate` (its `eval_metrics`, `eval_num_beams` and `eval_clip`), prints the scores, writes
     `eval_results.json` and the model card `README.md` (`model_card(scores, num_test_images)`), and publishes the
     folder with `--push_to_hub`. `extra_scores(test_split)`, run on the main process, adds a method's own test scores
-    (e.g. a listener's recall).
+    (e.g. a listener's recall). Every process returns together, with the process group closed.
 
     Returns:
         The test scores without their `test_` prefix, or `None` when the dataset has no test split.
@@ -356,6 +356,10 @@ def finish_recipe(
     if args.push_to_hub and trainer.is_world_process_zero():
         repo_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
         print(publish_folder(args.output_dir, repo_id, token=args.hub_token))
+    # every process waits for the main one's scores, card and upload, then leaves the process group: a process that
+    # exits while a peer still holds the group open is aborted by gloo ("terminate called without an active exception")
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return scores
 
 

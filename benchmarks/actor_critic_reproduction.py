@@ -12,20 +12,32 @@ value network's explained variance on captions sampled for the held-out test ima
 `examples/train_actor_critic.py`). SCST and actor-critic make the same number of policy updates; actor-critic first
 pretrains its value network with the policy fixed (`--value-pretraining-steps`).
 
-Prints the tables (mean ± s.d. over seeds), writes `<output-dir>/results.json` and plots CIDEr-D against λ with plain
-beam search as reference (`--plot`). Runs whose scores exist are read, not trained again.
+Prints the tables (mean ± s.d. over seeds), writes `<output-dir>/results.json`, plots CIDEr-D against λ with plain
+beam search as reference (`--plot`) and, with `--card`, puts the tables and the plot into a checkpoint's model card.
+Runs whose scores exist are read, not trained again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, plot_to, run_recipe_once, summarise
+from reproduction import (
+    EVALUATOR_CLIP,
+    REPOSITORY,
+    WARM_START,
+    markdown_table,
+    plot_to,
+    run_recipe_once,
+    summarise,
+    write_card_section,
+)
 
 from rlcaption.evaluation import caption_dataset, clip_scores, scene_grounding_scores
 from rlcaption.metrics import evaluate_captions, load_clip
@@ -125,6 +137,7 @@ def main() -> None:
     parser.add_argument("--lambdas", type=float, nargs="+", default=list(LAMBDAS))
     parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
     parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "lookahead_lambda_sweep.png")
+    parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
     args = parser.parse_args()
     output_dir, lambdas = args.output_dir.resolve(), tuple(args.lambdas)
 
@@ -149,21 +162,30 @@ def main() -> None:
     keys = [key for key, _ in COLUMNS]
     rows = {method: summarise(runs, keys) for method, runs in results.items()}
     num_runs = {method: len(runs) for method, runs in results.items()}
-    print(f"\nShapes test split (500 images), {args.policy_steps} policy updates from the XE start")
-    print(markdown_table(rows, num_runs, COLUMNS))
+    title = f"Shapes test split (500 images), {args.policy_steps} policy updates from the XE start"
+    tables = [f"{title}\n\n{markdown_table(rows, num_runs, COLUMNS)}"]
+    print(f"\n{tables[0]}")
 
     lookahead_keys = [f"lookahead_{lam:g}_{key}" for lam in lambdas for key, _ in LOOKAHEAD_COLUMNS]
     lookahead = {method: summarise(results[method], lookahead_keys) for method in results if "actor-critic" in method}
     for method, summary in lookahead.items():
-        print(f"\nLookahead beam search of {method} (λ = 1: plain beam search)")
         by_lambda = {
             f"{lam:g}": {key: summary[f"lookahead_{lam:g}_{key}"] for key, _ in LOOKAHEAD_COLUMNS} for lam in lambdas
         }
         seeds = {name: num_runs[method] for name in by_lambda}
-        print(markdown_table(by_lambda, seeds, LOOKAHEAD_COLUMNS, first_header="λ"))
+        title = f"Lookahead beam search of {method} (λ = 1: plain beam search)"
+        tables.append(f"{title}\n\n{markdown_table(by_lambda, seeds, LOOKAHEAD_COLUMNS, first_header='λ')}")
+        print(f"\n{tables[-1]}")
     (output_dir / "results.json").write_text(json.dumps(results, indent=1))
     _plot(lookahead, lambdas, args.plot)
     print(f"\nplot: {args.plot}")
+    if args.card is not None:  # the checkpoint's card gets the tables and the plot, copied beside it
+        shutil.copyfile(args.plot, args.card.parent / args.plot.name)
+        command = "python benchmarks/actor_critic_reproduction.py " + " ".join(sys.argv[1:])
+        write_card_section(
+            args.card, "Reproduction on shapes",
+            f"`{command}`:\n\n" + "\n\n".join(tables) + f"\n\n![CIDEr-D against λ of lookahead]({args.plot.name})",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -51,6 +51,26 @@ def test_evaluate_command_rejects_a_wrong_dataset_path(saved_model, tmp_path, ca
     assert "save_to_disk" in capsys.readouterr().err
 
 
+def test_evaluate_command_scores_the_shapes_test_split_the_recipes_and_model_cards_use(
+    saved_model, monkeypatch, capsys
+):
+    import rlcaption.data.loading
+    from rlcaption.recipes import RecipeArguments, load_recipe_dataset
+
+    folder, _, _ = saved_model
+    requested = []
+
+    def small_shapes(**kwargs):  # records the settings, renders 4 test images at the requested size
+        requested.append(kwargs)
+        return load_shapes(**{**kwargs, "num_train": 2, "num_validation": 2, "num_test": 4})
+
+    monkeypatch.setattr(rlcaption.data.loading, "load_shapes", small_shapes)
+    assert main(["evaluate", "--model", str(folder), "--dataset", "shapes", "--metrics", "cider"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_captions"] == 4
+    load_recipe_dataset(RecipeArguments())  # what every recipe, benchmark and card is trained and scored on
+    assert requested[0] == requested[1] and requested[0]["image_size"] == 48, requested
+
+
 def test_saved_model_generates_identically_after_reload(saved_model):
     folder, model, processor = saved_model
     reloaded = type(model).from_pretrained(folder).eval()

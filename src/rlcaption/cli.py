@@ -71,7 +71,12 @@ def _run_caption(args: argparse.Namespace) -> None:
 
 def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="Model folder or Hub id.")
-    parser.add_argument("--dataset", default="shapes", help="`shapes` or a folder written by `save_to_disk`.")
+    parser.add_argument(
+        "--dataset",
+        default="shapes",
+        help="`shapes` (as every recipe, benchmark and published card has it: 48-pixel images, 500 test images) or a "
+        "folder written by `save_to_disk`.",
+    )
     parser.add_argument("--split", default="test", help="Dataset split to caption.")
     parser.add_argument("--num-beams", type=int, default=3)
     parser.add_argument(
@@ -99,13 +104,14 @@ def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> None:
-    from .data import load_caption_dataset
     from .evaluation import caption_set_prefix, caption_set_scores, caption_sets, evaluate_model
     from .inference import load_captioner
+    from .recipes import RecipeArguments, load_recipe_dataset
 
     model, processor = load_captioner(args.model)
     lookahead = _lookahead_kwargs(model, args)  # before the dataset is loaded: a wrong option fails at once
-    dataset = load_caption_dataset(args.dataset)
+    # the recipes' shapes, not `load_shapes`' defaults (64-pixel images): a model card's scores are on these images
+    dataset = load_recipe_dataset(RecipeArguments(dataset=args.dataset))
     if args.split not in dataset:
         raise SystemExit(f"Split {args.split!r} not in the dataset; it has {sorted(dataset)}.")
     scores = evaluate_model(

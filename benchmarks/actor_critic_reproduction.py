@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
     WARM_START,
+    benchmark_command,
     markdown_table,
     plot_to,
     run_recipe_once,
@@ -179,12 +178,10 @@ def main() -> None:
     (output_dir / "results.json").write_text(json.dumps(results, indent=1))
     _plot(lookahead, lambdas, args.plot)
     print(f"\nplot: {args.plot}")
-    if args.card is not None:  # the checkpoint's card gets the tables and the plot, copied beside it
-        shutil.copyfile(args.plot, args.card.parent / args.plot.name)
-        command = "python benchmarks/actor_critic_reproduction.py " + " ".join(sys.argv[1:])
+    if args.card is not None:  # the checkpoint's card gets the tables and the plot
         write_card_section(
-            args.card, "Reproduction on shapes",
-            f"`{command}`:\n\n" + "\n\n".join(tables) + f"\n\n![CIDEr-D against λ of lookahead]({args.plot.name})",
+            args.card, "Reproduction on shapes", f"`{benchmark_command()}`:\n\n" + "\n\n".join(tables),
+            plot=args.plot, plot_caption="CIDEr-D against λ of lookahead",
         )  # fmt: skip
 
 

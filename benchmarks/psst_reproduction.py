@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -31,6 +29,7 @@ from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
     WARM_START,
+    benchmark_command,
     markdown_table,
     plot_to,
     run_recipe_once,
@@ -220,14 +219,12 @@ def main() -> None:
     (output_dir / "results.json").write_text(json.dumps({name[key]: runs for key, runs in results.items()}, indent=1))
     _plot(curves, args.plot)
     print(f"\nplot: {args.plot}")
-    if args.card is not None:  # the checkpoint's card gets the three tables and the plot, copied beside it
-        shutil.copyfile(args.plot, args.card.parent / args.plot.name)
-        command = "python benchmarks/psst_reproduction.py " + " ".join(sys.argv[1:])
+    if args.card is not None:  # the checkpoint's card gets the three tables and the plot
         write_card_section(
             args.card, "Reproduction on shapes",
-            f"{lambda_title} (`{command}`):\n\n{lambda_table}\n\n{rho_title}:\n\n{rho_table}\n\n"
-            f"Listener R@10 at a fixed CIDEr-D, interpolated along each seed's λ curve:\n\n{fixed_table}\n\n"
-            f"![listener recall@10 against CIDEr-D over λ]({args.plot.name})",
+            f"{lambda_title} (`{benchmark_command()}`):\n\n{lambda_table}\n\n{rho_title}:\n\n{rho_table}\n\n"
+            f"Listener R@10 at a fixed CIDEr-D, interpolated along each seed's λ curve:\n\n{fixed_table}",
+            plot=args.plot, plot_caption="listener recall@10 against CIDEr-D over λ",
         )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,11 +70,20 @@ def markdown_table(
     return "\n".join(lines)
 
 
-def write_card_section(card: Path, heading: str, body: str) -> None:
+def benchmark_command() -> str:
+    """The command line that ran this benchmark, as a model card quotes it."""
+    return " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+
+
+def write_card_section(card: Path, heading: str, body: str, plot: Path | None = None, plot_caption: str = "") -> None:
     """
     Puts `## <heading>` with `body` into the model card `card` (a checkpoint's `README.md`) before its first section
-    after the evaluation, or in place of the section of that heading a previous run wrote.
+    after the evaluation, or in place of the section of that heading a previous run wrote. With `plot`, the picture is
+    copied beside the card and shown at the end of the section.
     """
+    if plot is not None:
+        shutil.copyfile(plot, card.parent / plot.name)
+        body = f"{body.rstrip()}\n\n![{plot_caption}]({plot.name})"
     text = card.read_text(encoding="utf-8")
     section = f"## {heading}\n\n{body.strip()}\n\n"
     start = text.find(f"## {heading}\n")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
     WARM_START,
+    benchmark_command,
     markdown_table,
     plot_to,
     run_recipe_once,
@@ -127,8 +127,8 @@ def main() -> None:
     )
     print(f"\n{title}\n{markdown}")
     if args.card is not None:
-        command = "python benchmarks/wtf_reproduction.py " + " ".join(sys.argv[1:])
-        write_card_section(args.card, "Table 1 of the paper on shapes", f"{title} (`{command}`):\n\n{markdown}")
+        section = f"{title} (`{benchmark_command()}`):\n\n{markdown}"
+        write_card_section(args.card, "Table 1 of the paper on shapes", section)
     (output_dir / "results.json").write_text(json.dumps({name[key]: runs for key, runs in results.items()}, indent=1))
     _plot(rows, args.plot)
     print(f"\nplot: {args.plot}")

@@ -10,8 +10,9 @@ when `p` is the distribution `g` was drawn from. [`generate_captions`] decodes i
 score their samples with [`sample_token_log_probs`], also in evaluation mode. self-critical.pytorch samples and
 scores in training mode instead, but its two passes draw different dropout masks, so the scored distribution is not
 the sampling one either; reusing the sampling pass's masks in the teacher-forced pass is not possible through
-`generate()`. Evaluation mode for both is exact; the price is that dropout does not regularise RL steps
-(cross-entropy steps keep it).
+`generate()`. Dropout off for both is exact; the price is that dropout does not regularise RL steps
+(cross-entropy steps keep it). [`evaluation_mode`] turns it off without putting recurrent modules in evaluation mode,
+whose forward cuDNN cannot differentiate.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ __all__ = [
 
 # The batch keys that carry the image, in the names of the models' forward() arguments.
 IMAGE_INPUT_NAMES = ("pixel_values", "image_features")
+# Modules that cuDNN differentiates only after a training-mode forward.
+RECURRENT_MODULES = (nn.RNNBase, nn.RNNCellBase)
 
 
 @dataclass
@@ -81,12 +84,28 @@ def repeat_image_inputs(image_inputs: Mapping[str, torch.Tensor], index: torch.L
 
 @contextmanager
 def evaluation_mode(model: nn.Module) -> Iterator[None]:
-    """Runs the block with `model` in evaluation mode (no dropout), then restores its mode."""
+    """
+    Runs the block with every dropout of `model` off, as evaluation mode does, then restores its mode.
+
+    Recurrent modules (`nn.LSTM`, `nn.GRU`, their cells) stay in training mode, with their dropout between layers set
+    to 0 for the block: cuDNN computes an RNN's backward only after a training-mode forward, and without dropout a
+    training-mode forward computes the evaluation-mode function. Log-probabilities scored here can so be
+    differentiated on every device.
+    """
     was_training = model.training
     model.eval()
+    recurrent = [module for module in model.modules() if isinstance(module, RECURRENT_MODULES)]
+    layer_dropouts = [getattr(module, "dropout", 0.0) for module in recurrent]  # cells have none
+    for module in recurrent:
+        module.train()
+        if isinstance(module, nn.RNNBase):
+            module.dropout = 0.0
     try:
         yield
     finally:
+        for module, dropout in zip(recurrent, layer_dropouts, strict=True):
+            if isinstance(module, nn.RNNBase):
+                module.dropout = dropout
         model.train(was_training)
 
 

@@ -1,8 +1,10 @@
 import pytest
 
 from rlcaption.data import load_shapes
+from rlcaption.models import VisualSemanticEmbedding
 from rlcaption.processing import CaptionProcessor
 from tiny_captioners import make_show_tell
+from tiny_clips import make_shapes_clip
 
 IMAGE_SIZE = 48  # small, and divisible by the 16x reduction of the tiny CNN
 
@@ -28,3 +30,24 @@ def make_tiny_model(processor, seed: int = 0, dropout: float = 0.0):
 @pytest.fixture
 def tiny_model(tiny_processor):
     return make_tiny_model(tiny_processor)
+
+
+@pytest.fixture(scope="session")
+def reward_clip(tmp_path_factory, tiny_shapes):
+    """A tiny random shapes CLIP saved as a folder with its own processor, as `reward_clip` names one."""
+    folder = tmp_path_factory.mktemp("reward-clip")
+    captions = [caption for captions in tiny_shapes["train"]["captions"] for caption in captions]
+    clip_processor = CaptionProcessor.from_captions(captions, image_size=16)
+    make_shapes_clip(clip_processor, image_size=16, seed=1).save_pretrained(folder)
+    clip_processor.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def embedding_model(tmp_path_factory, tiny_processor):
+    """A random visual-semantic embedding (a GRU over the words) saved as a folder, as the `embedding` reward loads."""
+    folder = tmp_path_factory.mktemp("embedding")
+    captioner = make_show_tell(tiny_processor, IMAGE_SIZE, seed=2)
+    VisualSemanticEmbedding.from_captioner(captioner, joint_embedding_size=8).save_pretrained(folder)
+    tiny_processor.save_pretrained(folder)
+    return str(folder)

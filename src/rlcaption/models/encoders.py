@@ -1,4 +1,4 @@
-"""Image encoders shared by the captioning models.
+"""Image encoders shared by the captioning models, and the LSTM they decode with ([`MixedPrecisionLSTM`]).
 
 Every encoder maps one batch of images to one feature vector per image, `(batch_size, output_size)`; the image
 encoders can also return the spatial grid of features that vector came from (`forward_with_grid`), which attention
@@ -21,10 +21,13 @@ for `trust_remote_code` loading.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 from transformers import initialization as init
+from transformers.utils import logging
 
 __all__ = [
     "init_cnn_and_gru_weights",
@@ -32,10 +35,14 @@ __all__ = [
     "IMAGE_ENCODER_TYPES",
     "BackboneImageEncoder",
     "ConvImageEncoder",
+    "MixedPrecisionLSTM",
     "PrecomputedFeatureEncoder",
     "build_image_encoder",
+    "cpu_runs_lstm_in",
     "pool_image_features",
 ]
+
+logger = logging.get_logger(__name__)
 
 # The encoders that read pixels; a model that must embed pixels itself (a CLIP) accepts only these.
 IMAGE_ENCODER_TYPES = ("cnn", "backbone")
@@ -249,3 +256,40 @@ def init_cnn_and_gru_weights(module: nn.Module) -> bool:
             else:
                 init.zeros_(parameter)
     return isinstance(module, ConvImageEncoder | nn.GRU | nn.Conv2d)  # convolutions: set by their ConvImageEncoder
+
+
+@functools.cache
+def cpu_runs_lstm_in(dtype: torch.dtype) -> bool:
+    """Whether this CPU's oneDNN runs an `nn.LSTM` under `torch.autocast("cpu", dtype)`: CPUs without AVX-512 (AVX2
+    only) have no reduced-precision LSTM and refuse it ("could not create a primitive descriptor")."""
+    probe = nn.LSTM(8, 8, batch_first=True)
+    try:
+        with torch.autocast("cpu", dtype=dtype):
+            probe(torch.zeros(2, 3, 8))
+    except RuntimeError:
+        return False
+    return True
+
+
+class MixedPrecisionLSTM(nn.LSTM):
+    """
+    `nn.LSTM` that runs in float32 under CPU autocast where the CPU has no reduced-precision LSTM, and as `nn.LSTM`
+    everywhere else (same parameters, same state dict).
+
+    Under autocast the rest of the model still computes in the reduced precision; only the recurrence is in float32,
+    its inputs and state cast up, so that the dtypes it sees are consistent.
+    """
+
+    def forward(self, input, hx=None):
+        data = input.data if isinstance(input, nn.utils.rnn.PackedSequence) else input
+        if data.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+            return super().forward(input, hx)
+        dtype = torch.get_autocast_dtype("cpu")
+        if cpu_runs_lstm_in(dtype):
+            return super().forward(input, hx)
+        logger.warning_once(
+            f"This CPU has no {dtype} LSTM (oneDNN needs AVX-512 for it): under mixed precision the LSTM runs in "
+            "float32 and the rest of the model in the reduced precision."
+        )
+        with torch.autocast("cpu", enabled=False):
+            return super().forward(input.float(), None if hx is None else tuple(state.float() for state in hx))

@@ -23,7 +23,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder
+from rlcaption.models.encoders import ConvImageEncoder, MixedPrecisionLSTM, build_image_encoder
 
 from .configuration_show_tell_rl import ShowTellRLConfig
 from .state_show_tell_rl import CACHE_NAME, ShowTellRLPrefixStates, ShowTellRLState
@@ -116,7 +116,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         # with attention, the previous step's attentional output is read with each word ("input feeding"), so the
         # LSTM knows which object it has just described and can move on to another one
         lstm_input_size = config.word_embedding_size + (config.hidden_size if config.image_attention else 0)
-        self.lstm = nn.LSTM(
+        self.lstm = MixedPrecisionLSTM(
             lstm_input_size,
             config.hidden_size,
             num_layers=config.num_layers,

@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-slow quality bench clean
+.PHONY: install demo test test-slow quality bench gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/tokenizer_agreement.py --data-dir $(DATA_DIR)
 	$(BIN)/python benchmarks/bench_shapes.py
 	$(BIN)/python benchmarks/bench_rollouts.py
+
+# On a machine with a GPU: a CUDA build of torch, e.g. `make gpu-check TORCH_SPEC=torch` in a fresh clone.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -146,7 +146,7 @@ def test_a_non_finite_group_value_names_the_reward_the_image_and_the_completion(
     def per_completion_nan(*, completions, references, **columns):
         return [0.0] * 5 + [math.nan]
 
-    with pytest.raises(ValueError, match=r"'per_completion_nan' .* at group 2 completion 1;"):
+    with pytest.raises(ValueError, match=r"'per_completion_nan' .* at group 2 completion 1 \('a horse in a field'\);"):
         RewardMix([per_completion_nan]).score_groups(completions=GROUPS, references=REFERENCES)
 
 

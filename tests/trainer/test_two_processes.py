@@ -81,3 +81,13 @@ def test_recorded_metrics_are_averaged_over_processes(tmp_path):
         assert report["only_on_process_1"] == [4.0, 4.0]
         # evaluation logs in between take no part in the gathering
         assert report["eval_logs"] == 2
+
+
+def test_a_bad_reward_on_one_process_stops_every_process_with_its_message(tmp_path):
+    result = launch_on_two_processes("two_process_bad_reward.py", str(tmp_path / "out"), str(tmp_path / "cache"))
+    assert result.returncode != 0
+    # both processes raise (instead of one waiting in the next all-reduce), each naming the reward and the caption
+    stopped = "Training stopped on every process at step 0: process 1 failed with ValueError: Reward function"
+    assert result.stderr.count(stopped) == 2, result.stderr[-4000:]
+    assert "'length_unless_on_process_1' returned non-finite values [nan] at image_id" in result.stderr
+    assert "completion 0 ('" in result.stderr  # the caption itself

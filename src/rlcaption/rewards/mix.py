@@ -100,7 +100,9 @@ class RewardMix:
                     f"Reward function {name!r} only scores groups of completions (it has `score_groups` but is not "
                     "callable); call `RewardMix.score_groups` with the completions grouped per image."
                 )
-            components[name] = _checked_values(name, func(**inputs), batch_size, lambda row: f"completion {row}")
+            components[name] = _checked_values(
+                name, func(**inputs), batch_size, lambda row: f"completion {row} ({completions[row]!r})"
+            )
         return self._weighted_total(components, batch_size), components
 
     def score_groups(
@@ -160,11 +162,11 @@ class RewardMix:
         label = _image_labels(image_columns.get("image_id"), num_images)
         offsets = np.cumsum([0, *sizes])
 
+        flat_completions = [completion for group in completions for completion in group]
+
         def locate(row: int) -> str:
             image = int(image_of[row])
-            return f"{label(image)} completion {row - offsets[image]}"
-
-        flat_completions = [completion for group in completions for completion in group]
+            return f"{label(image)} completion {row - offsets[image]} ({flat_completions[row]!r})"
         flat_references = None if references is None else [references[image] for image in image_of]
         repeated, arrays = {}, {}
         for column, value in image_columns.items():

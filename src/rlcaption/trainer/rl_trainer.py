@@ -446,18 +446,45 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
     # ------------------------------------------------------------------ loss and logging
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss = self.objective.compute_loss(model, inputs)
-        if not torch.isfinite(loss):
-            raise RuntimeError(
-                f"The {self.args.objective!r} loss is {loss.item()} at step {self.state.global_step}. Checkpoints "
-                "already written are intact: lower the learning rate or check the rewards, then resume with "
-                "`trainer.train(resume_from_checkpoint=True)`."
-            )
+        failure = None
+        try:
+            loss = self.objective.compute_loss(model, inputs)
+            if not torch.isfinite(loss):
+                failure = RuntimeError(
+                    f"The {self.args.objective!r} loss is {loss.item()} at step {self.state.global_step}. Checkpoints "
+                    "already written are intact: lower the learning rate or check the rewards, then resume with "
+                    "`trainer.train(resume_from_checkpoint=True)`."
+                )
+        except Exception as error:  # every process must hear of it: see _stop_every_process_on
+            failure = error
+        self._stop_every_process_on(failure)
         self.record_metric("loss_" + self.args.objective, float(loss.detach()))
         phases = self.objective.phases()
         if len(phases) > 1:
             self.record_metric("objective_phase", float(phases.index(self.objective.current_phase())))
         return (loss, None) if return_outputs else loss
+
+    def _stop_every_process_on(self, failure: Exception | None) -> None:
+        """
+        Raises `failure` here and one error naming it on every other process.
+
+        A process that raised alone would leave the others waiting in the next all-reduce until the collective
+        timeout (30 minutes with NCCL); so every step, the processes agree on whether one of them failed (one
+        all-reduced flag), and all stop with the failing process's message (its reward, image and caption).
+        """
+        if self.accelerator.num_processes == 1:
+            if failure is not None:
+                raise failure
+            return
+        failed = torch.tensor([float(failure is not None)], device=self.accelerator.device)
+        if self.accelerator.reduce(failed, reduction="sum").item() == 0:
+            return
+        messages = gather_object([None if failure is None else f"{type(failure).__name__}: {failure}"])
+        process, message = next((rank, text) for rank, text in enumerate(messages) if text is not None)
+        raise RuntimeError(
+            f"Training stopped on every process at step {self.state.global_step}: process {process} failed with "
+            f"{message}"
+        ) from failure
 
     def record_metric(self, name: str, value: float) -> None:
         """Adds a scalar to be averaged into the next training log, over its values on every process."""

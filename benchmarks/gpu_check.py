@@ -1,0 +1,392 @@
+"""A GPU check anyone can run: every recipe for a few steps in fp32 and bf16, then the RL step budget on the device.
+
+    python benchmarks/gpu_check.py [--output runs/benchmarks/gpu_check.json]     # one GPU, about 5 minutes
+    python benchmarks/gpu_check.py --device cpu                                  # the same, tiny, on the CPU
+
+Nothing is downloaded: the recipes start from the checkpoints in `checkpoints/`, and the BLIP-base-size captioner has
+random weights and a `BlipProcessor` built here.
+
+1. Recipes. Each of `examples/train_*.py` runs `--max_steps 2` on a few shapes images (pretraining phases 1 step),
+   once in float32 and once with `--bf16`, `--jobs` at a time; the table says ok or the error's last line.
+2. Step budget. One optimizer step of `xe`, `scst` (5 samples per image, greedy baseline, CIDEr-D) and `spider_pg`
+   (M = 1, K = 3) through `RLCaptionTrainer`, for the published XE warm start `ShowTellRL` and for a BLIP-base-size
+   captioner in bf16: median milliseconds of `--repeats` steps after `--warmup`, each from the same weights and seed,
+   and the shares of the step spent sampling (every `generate` call the objective makes, rollouts included) and in
+   the reward calls. The device is synchronised around each timed part, so shares are of wall time.
+3. Throughput. Images per second of the `ShowTellRL` SCST step as the batch grows: close to linear until the device
+   is busy, flat once it is.
+
+Targets (ratios from this one run): ShowTellRL SCST <= 1.5x XE at 128 x 5, spider_pg <= 2x SCST; BLIP-base-size bf16
+SCST <= 2.5x XE at 32 x 5. They are printed beside the measurements, not enforced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import copy
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+import transformers
+from transformers import (
+    BertTokenizerFast,
+    BlipConfig,
+    BlipForConditionalGeneration,
+    BlipImageProcessorPil,
+    BlipProcessor,
+)
+
+from rlcaption import CaptionProcessor, ShowTellRL
+from rlcaption.data import load_shapes
+from rlcaption.objectives import spider_pg as spider_pg_module
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+EXAMPLES = REPOSITORY / "examples"
+CHECKPOINTS = REPOSITORY / "checkpoints"
+WARM_START = CHECKPOINTS / "show-tell-rl-shapes-xe"
+LEARNING_RATES = {"xe": 2e-3, "scst": 5e-4, "spider_pg": 5e-4}
+TARGETS = {"scst_over_xe": 1.5, "spider_over_scst": 2.0, "blip_scst_over_xe": 2.5}
+# the per-process sizes of the run: a GPU's, and the CPU's tiny ones that the test suite runs
+SIZES = {
+    "cuda": {"show_tell": (32, 128), "blip": (16, 32), "blip_size": "base", "curve": (32, 64, 128, 256, 512, 1024)},
+    "cpu": {"show_tell": (2, 4), "blip": (2,), "blip_size": "tiny", "curve": (2, 4)},
+}
+_SMALL_RUN = [
+    "--num_train_images", "32", "--num_validation_images", "4", "--num_test_images", "8",
+    "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8", "--max_caption_length", "8",
+    "--save_strategy", "no", "--eval_strategy", "no", "--max_steps", "2",
+]  # fmt: skip
+_FROM_WARM_START = ["--model_name_or_path", str(WARM_START), "--num_samples_per_image", "2"]
+RECIPES = {
+    "train_xe.py": ["--hidden_size", "16", "--scene_pretraining_steps", "2", *_SMALL_RUN],
+    "train_scst.py": [*_FROM_WARM_START, *_SMALL_RUN],
+    "train_spider.py": [*_FROM_WARM_START, "--num_rollouts", "2", "--baseline_pretraining_steps", "1", *_SMALL_RUN],
+    "train_sle.py": [*_FROM_WARM_START, "--eval_caption_set_size", "2", *_SMALL_RUN],
+    "train_wtf.py": [
+        *_FROM_WARM_START,
+        "--discriminator_pretraining_steps",
+        "1",
+        "--wtf_num_beams",
+        "2",
+        "--reward_clip",
+        str(CHECKPOINTS / "shapes-clip-reward"),
+        "--eval_clip",
+        str(CHECKPOINTS / "shapes-clip-evaluator"),
+        *_SMALL_RUN,
+    ],  # fmt: skip
+    "train_psst.py": [
+        *_FROM_WARM_START,
+        "--listener_pretraining_steps",
+        "1",
+        "--listener_hidden_size",
+        "16",
+        "--joint_embedding_size",
+        "16",
+        *_SMALL_RUN,
+    ],  # fmt: skip
+    "train_actor_critic.py": [
+        *_FROM_WARM_START,
+        "--value_pretraining_steps",
+        "1",
+        "--value_hidden_size",
+        "16",
+        "--embedding_model",
+        str(CHECKPOINTS / "visual-semantic-embedding-shapes"),
+        *_SMALL_RUN,
+    ],  # fmt: skip
+    "train_clip.py": [
+        "--num_train_images",
+        "32",
+        "--num_validation_images",
+        "8",
+        "--num_test_images",
+        "8",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_steps",
+        "2",
+        "--word_embedding_size",
+        "16",
+        "--text_hidden_size",
+        "16",
+        "--projection_dim",
+        "16",
+    ],  # fmt: skip
+}
+
+
+# ---------------------------------------------------------------- 1. recipes
+
+
+def run_recipe(script: str, precision: str, device: str, scratch: Path) -> dict[str, Any]:
+    output_dir = scratch / f"{Path(script).stem}-{precision}"
+    command = [sys.executable, str(EXAMPLES / script), "--output_dir", str(output_dir), *RECIPES[script]]
+    command += ["--bf16"] if precision == "bf16" else []
+    command += ["--use_cpu"] if device == "cpu" else []
+    environment = {**os.environ, "HF_DATASETS_CACHE": str(scratch / "datasets"), "HF_HUB_OFFLINE": "1"}
+    environment["OMP_NUM_THREADS"] = "1"
+    start = time.perf_counter()
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - start
+    error = ""
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        error = lines[-1] if lines else f"exit status {result.returncode}"
+    return {"recipe": script, "precision": precision, "ok": result.returncode == 0, "seconds": seconds, "error": error}
+
+
+def run_recipes(recipes, precisions, device: str, jobs: int, scratch: Path) -> list[dict[str, Any]]:
+    runs = [(script, precision) for script in recipes for precision in precisions]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_recipe, script, precision, device, scratch) for script, precision in runs]
+        return [future.result() for future in futures]
+
+
+# ---------------------------------------------------------------- 2. step budget
+
+
+class Stopwatch:
+    """Adds up the wall time of calls to a method or function, synchronising the device around each call."""
+
+    def __init__(self, owner: Any, name: str, device: torch.device):
+        self.seconds = 0.0
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            synchronize(device)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                synchronize(device)
+                self.seconds += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+        self.restore = lambda: setattr(owner, name, original)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_blip(processor_captions: list[str], size: str, image_size: int):
+    """A BLIP captioner with random weights (`base`: the size of Salesforce/blip-image-captioning-base, 224 M
+    parameters) and its own `BlipProcessor`, whose word-piece vocabulary is built from the captions."""
+    words = sorted({word for caption in processor_captions for word in caption.lower().replace(".", " ").split()})
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]"]
+    with tempfile.TemporaryDirectory() as folder:
+        vocabulary = Path(folder) / "vocab.txt"
+        vocabulary.write_text("\n".join([*special, *words]) + "\n")
+        tokenizer = BertTokenizerFast(vocab_file=str(vocabulary), bos_token="[DEC]")
+    processor = BlipProcessor(BlipImageProcessorPil(size={"height": image_size, "width": image_size}), tokenizer)
+    text_config = {
+        "bos_token_id": tokenizer.bos_token_id, "sep_token_id": tokenizer.sep_token_id,
+        "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.sep_token_id,
+    }  # fmt: skip
+    vision_config = {"image_size": image_size}
+    if size == "tiny":
+        width = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
+        text_config.update(width, vocab_size=len(tokenizer), encoder_hidden_size=16)
+        vision_config.update(width, patch_size=image_size // 4)
+    model = BlipForConditionalGeneration(BlipConfig(text_config=text_config, vision_config=vision_config))
+    return model, processor
+
+
+def make_trainer(objective, model, processor, dataset, batch_size, device, bf16, scratch) -> RLCaptionTrainer:
+    config = RLCaptionConfig(
+        output_dir=str(scratch / "budget" / objective), use_cpu=device.type == "cpu", bf16=bf16, objective=objective,
+        per_device_train_batch_size=batch_size, learning_rate=LEARNING_RATES[objective], max_caption_length=20,
+        reward_funcs=["cider"], num_samples_per_image=5, baseline="greedy", num_paths_per_image=1, num_rollouts=3,
+        save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True, seed=0, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = RLCaptionTrainer(model=model, args=config, processing_class=processor, train_dataset=dataset)
+    trainer.create_optimizer_and_scheduler(num_training_steps=1000)
+    trainer.current_gradient_accumulation_steps = 1  # set by the Trainer's training loop, which is not run here
+    return trainer
+
+
+def optimizer_step(trainer: RLCaptionTrainer, batch: dict[str, Any]) -> None:
+    """One full optimizer step, as the Trainer's inner loop does it."""
+    trainer.training_step(trainer.model, batch)
+    if trainer.args.max_grad_norm > 0:
+        trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), trainer.args.max_grad_norm)
+    trainer.optimizer.step()
+    trainer.lr_scheduler.step()
+    trainer.model.zero_grad()
+
+
+def time_steps(trainer: RLCaptionTrainer, batch_size: int, warmup: int, repeats: int) -> dict[str, float]:
+    """Median step time and the median shares of sampling and rewards, each step from the same weights and seed."""
+    device = trainer.args.device
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    initial = copy.deepcopy(trainer.model.state_dict())
+    watches = [Stopwatch(trainer, name, device) for name in ("sample_captions", "greedy_captions")]
+    watches.append(Stopwatch(spider_pg_module, "sample_rollouts", device))
+    reward_watch = Stopwatch(trainer, "compute_rewards", device)
+    steps, sampling, rewards = [], [], []
+    try:
+        for repeat in range(warmup + repeats):
+            trainer.model.load_state_dict(initial)
+            torch.manual_seed(repeat)
+            for watch in (*watches, reward_watch):
+                watch.seconds = 0.0
+            synchronize(device)
+            start = time.perf_counter()
+            optimizer_step(trainer, batch)
+            synchronize(device)
+            seconds = time.perf_counter() - start
+            if repeat >= warmup:
+                steps.append(seconds)
+                sampling.append(sum(watch.seconds for watch in watches) / seconds)
+                rewards.append(reward_watch.seconds / seconds)
+    finally:
+        for watch in (*watches, reward_watch):
+            watch.restore()
+    step = statistics.median(steps)
+    return {
+        "ms": 1000 * step,
+        "sampling_share": statistics.median(sampling),
+        "reward_share": statistics.median(rewards),
+        "images_per_second": batch_size / step,
+    }
+
+
+def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes, warmup, repeats, scratch):
+    rows = []
+    for batch_size in batch_sizes:
+        row = {"model": model_name, "images": batch_size, "precision": "bf16" if bf16 else "fp32"}
+        for objective in objectives:
+            model, processor = build()
+            trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
+            row[objective] = time_steps(trainer, batch_size, warmup, repeats)
+            del trainer, model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- tables
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def recipe_table(results: list[dict[str, Any]]) -> str:
+    rows = [
+        [run["recipe"], run["precision"], "ok" if run["ok"] else "FAILED", f"{run['seconds']:.0f}", run["error"]]
+        for run in results
+    ]
+    return markdown_table(["recipe", "precision", "result", "seconds", "error"], rows)
+
+
+def budget_table(rows: list[dict[str, Any]]) -> str:
+    table = []
+    for row in rows:
+        xe, scst = row["xe"], row["scst"]
+        cells = [
+            row["model"], row["precision"], f"{row['images']} x 5", f"{xe['ms']:.1f}", f"{scst['ms']:.1f}",
+            f"{scst['ms'] / xe['ms']:.2f}x", f"{scst['sampling_share']:.0%}", f"{scst['reward_share']:.0%}",
+        ]  # fmt: skip
+        spider = row.get("spider_pg")
+        cells += [f"{spider['ms']:.1f}", f"{spider['ms'] / scst['ms']:.2f}x"] if spider else ["", ""]
+        table.append(cells)
+    headers = [
+        "model", "precision", "images x samples", "XE ms", "SCST ms", "SCST / XE", "SCST sampling", "SCST reward",
+        "spider_pg ms", "spider_pg / SCST",
+    ]  # fmt: skip
+    return markdown_table(headers, table)
+
+
+def curve_table(rows: list[dict[str, Any]]) -> str:
+    first = rows[0]["scst"]["images_per_second"] / rows[0]["images"]
+    table = [
+        [
+            str(row["images"]),
+            f"{row['scst']['ms']:.1f}",
+            f"{row['scst']['images_per_second']:.0f}",
+            f"{row['scst']['images_per_second'] / (first * row['images']):.2f}",
+        ]  # fmt: skip
+        for row in rows
+    ]
+    return markdown_table(["images", "SCST step ms", "images / s", "of linear scaling"], table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="`cuda` (one GPU) or `cpu` (tiny sizes, for the tests).")
+    parser.add_argument("--recipes", nargs="*", default=list(RECIPES), help="Recipes to run (none: skip part 1).")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--jobs", type=int, default=4, help="Recipes run at once.")
+    parser.add_argument("--warmup", type=int, default=3, help="Untimed steps first.")
+    parser.add_argument("--repeats", type=int, default=10, help="Timed steps (median).")
+    parser.add_argument("--skip-blip", action="store_true", help="No BLIP-base-size rows.")
+    parser.add_argument("--output", type=Path, default=Path("runs/benchmarks/gpu_check.json"))
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA GPU here: run with --device cpu for the CPU form of the check.")
+    sizes = SIZES[device.type]
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    started = time.perf_counter()
+    scratch = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+
+    recipes = run_recipes(args.recipes, args.precisions, device.type, args.jobs, scratch)
+
+    shapes = load_shapes(num_train=1024, num_validation=8, num_test=8, image_size=48, cache_dir=scratch / "datasets")
+    show_tell = lambda: (ShowTellRL.from_pretrained(WARM_START), CaptionProcessor.from_pretrained(WARM_START))  # noqa: E731
+    budget = step_budget(
+        "ShowTellRL (XE warm start)", show_tell, ("xe", "scst", "spider_pg"), sizes["show_tell"], device, False,
+        shapes, args.warmup, args.repeats, scratch,
+    )  # fmt: skip
+    if not args.skip_blip:
+        captions = [caption for row in shapes["train"]["captions"] for caption in row]
+        image_size = 384 if sizes["blip_size"] == "base" else 16
+        blip = lambda: make_blip(captions, sizes["blip_size"], image_size)  # noqa: E731
+        budget += step_budget(
+            f"BLIP-{sizes['blip_size']}-size (random weights)", blip, ("xe", "scst"), sizes["blip"], device, True,
+            shapes, args.warmup, args.repeats, scratch,
+        )  # fmt: skip
+    curve = step_budget(
+        "ShowTellRL (XE warm start)", show_tell, ("scst",), sizes["curve"], device, False, shapes,
+        args.warmup, args.repeats, scratch,
+    )  # fmt: skip
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+    versions = (
+        f"torch {torch.__version__}, transformers {transformers.__version__}, CUDA {torch.version.cuda}, "
+        f"cuDNN {torch.backends.cudnn.version()}"
+    )
+    print(f"\n## GPU check on {name} ({versions}), {time.perf_counter() - started:.0f} s\n")
+    if recipes:
+        print(recipe_table(recipes) + "\n")
+    print(budget_table(budget) + "\n")
+    print("ShowTellRL SCST throughput (5 samples per image):\n")
+    print(curve_table(curve) + "\n")
+    print(f"Targets: {json.dumps(TARGETS)}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    results = {"device": name, "versions": versions, "recipes": recipes, "budget": budget, "curve": curve}
+    args.output.write_text(json.dumps(results, indent=2))
+    return 0 if all(run["ok"] for run in recipes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

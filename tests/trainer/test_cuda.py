@@ -1,0 +1,85 @@
+"""Training and decoding on a CUDA GPU; skipped where none is present (the CPU rule test keeps the GPU path right
+there: test_recurrent_training_mode.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from objective_steps import case_id, make_step_trainer
+
+from rlcaption import CaptionProcessor, ShowTellRL
+from rlcaption.data import load_shapes
+from rlcaption.decoding import generate_captions
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+WARM_START = REPOSITORY / "checkpoints" / "show-tell-rl-shapes-xe"
+# every objective with each of its phases, on the model it trains
+STEPS = [
+    ("xe", {}, "show_tell_attention"),
+    ("scst", {"entropy_bonus_weight": 0.01}, "show_tell_attention"),
+    ("spider_pg", {"baseline_pretraining_steps": 1, "num_rollouts": 2}, "show_tell"),
+    ("sle", {}, "show_tell_attention"),
+    ("wtf", {"wtf_variant": "wtf_rl", "discriminator_pretraining_steps": 1}, "show_tell_attention"),
+    ("psst", {"psst_mode": "psst", "listener_pretraining_steps": 1}, "speaker_listener"),
+    ("psst", {"psst_mode": "reinforce", "listener_pretraining_steps": 1}, "speaker_listener"),
+    ("actor_critic", {"value_pretraining_steps": 1}, "policy_value_attention"),
+]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize(("objective", "fields", "kind"), STEPS, ids=[case_id(*step) for step in STEPS])
+def test_every_objective_trains_on_the_gpu(
+    objective, fields, kind, precision, tiny_processor, tiny_shapes, reward_clip, embedding_model, tmp_path
+):
+    trainer = make_step_trainer(
+        objective, fields, kind, tiny_processor, tiny_shapes, tmp_path, reward_clip, embedding_model,
+        use_cpu=False, bf16=precision == "bf16",
+    )  # fmt: skip
+    before = {name: tensor.detach().clone() for name, tensor in trainer.model.named_parameters()}
+    trainer.train()
+    assert next(trainer.model.parameters()).device.type == "cuda"
+    assert trainer.state.global_step == trainer.args.max_steps
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(tensor, before[name]) for name, tensor in trainer.model.named_parameters())
+
+
+def test_a_recipe_trains_saves_and_resumes_on_the_gpu(tmp_path):
+    output_dir = tmp_path / "scst"
+    arguments = [
+        sys.executable, str(REPOSITORY / "examples" / "train_scst.py"), "--model_name_or_path", str(WARM_START),
+        "--output_dir", str(output_dir), "--num_train_images", "32", "--num_validation_images", "4",
+        "--num_test_images", "8", "--per_device_train_batch_size", "8", "--num_samples_per_image", "2",
+        "--max_caption_length", "8", "--save_strategy", "steps", "--save_steps", "1", "--eval_strategy", "no",
+    ]  # fmt: skip
+    environment = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    for max_steps in ("1", "2"):
+        result = subprocess.run(
+            [*arguments, "--max_steps", max_steps], env=environment, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resuming from {output_dir / 'checkpoint-1'}" in result.stdout
+    assert json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
+    assert (output_dir / "model.safetensors").is_file()
+
+
+def test_greedy_captions_on_the_gpu_equal_those_on_the_cpu(tmp_path):
+    processor = CaptionProcessor.from_pretrained(WARM_START)
+    test_images = load_shapes(num_train=4, num_validation=4, num_test=64, image_size=48, cache_dir=tmp_path)["test"][
+        "image"
+    ]
+    pixel_values = processor(images=test_images, return_tensors="pt")["pixel_values"]
+    captions = {}
+    for device in ("cpu", "cuda"):
+        model = ShowTellRL.from_pretrained(WARM_START).to(device)
+        inputs = {"pixel_values": pixel_values.to(device)}
+        captions[device] = generate_captions(model, processor, inputs, do_sample=False, num_beams=1).texts
+    assert captions["cuda"] == captions["cpu"]

@@ -1,0 +1,37 @@
+"""Run by test_two_processes.py: SCST on two processes where a reward is NaN for one caption on process 1 only."""
+
+import math
+import sys
+
+from accelerate import PartialState
+from conftest import IMAGE_SIZE, make_tiny_model
+
+from rlcaption.data import load_shapes
+from rlcaption.processing import CaptionProcessor
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+
+
+def length_unless_on_process_1(completions, **columns):
+    lengths = [float(len(caption.split())) for caption in completions]
+    return [math.nan, *lengths[1:]] if PartialState().process_index == 1 else lengths
+
+
+def main(output_dir: str, cache_dir: str) -> None:
+    shapes = load_shapes(
+        num_train=16, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
+    )
+    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
+    processor = CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+    args = RLCaptionConfig(
+        output_dir=output_dir, use_cpu=True, objective="scst", per_device_train_batch_size=2, max_steps=2,
+        save_strategy="no", logging_steps=1, disable_tqdm=True, num_samples_per_image=2, max_caption_length=6,
+        report_to="none", ddp_timeout=600,
+    )  # fmt: skip
+    RLCaptionTrainer(
+        model=make_tiny_model(processor), args=args, processing_class=processor, train_dataset=shapes["train"],
+        reward_funcs=[length_unless_on_process_1],
+    ).train()  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,5 +1,5 @@
 """
-Reproduction of seed 001 (policy and value networks, the scheme of Ren et al. 2017) on shapes: the published XE
+Reproduction of Ren et al. 2017 (policy and value networks) on shapes: the published XE
 captioner, SCST from it, and actor-critic from it with the visual-semantic embedding reward and with the CIDEr-D
 reward, over several seeds; then lookahead beam search `λ · log p + (1 − λ) · v` over λ for the actor-critic models.
 

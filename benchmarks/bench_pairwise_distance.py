@@ -1,4 +1,4 @@
-"""Seed 002's pairwise BLEU distance among the s captions of an image: the batched computation of `sle` against a
+"""Chen & Jin's pairwise BLEU distance among the s captions of an image: the batched computation of `sle` against a
 plain loop over pycocoevalcap's `BleuScorer`, one call per ordered pair.
 
     python benchmarks/bench_pairwise_distance.py [--num-images 200] [--repeats 3] [--output bench_pairwise.json]

@@ -1,4 +1,4 @@
-"""Cost of seed 000's Monte-Carlo rollouts: one `spider_pg` training step against one `scst` step, and the batched
+"""Cost of Liu et al.'s Monte-Carlo rollouts: one `spider_pg` training step against one `scst` step, and the batched
 rollout decoder against the plain one-prefix-at-a-time loop, on the same model and batch.
 
     python benchmarks/bench_rollouts.py [--model checkpoints/show-tell-rl-shapes-spider-pg-cider] [--batch-size 32]
@@ -90,8 +90,8 @@ def main() -> None:
             config = RLCaptionConfig(
                 output_dir=os.path.join(cache_dir, objective), use_cpu=True, objective=objective,
                 per_device_train_batch_size=args.batch_size, max_caption_length=args.max_caption_length,
-                num_rollouts=args.num_rollouts, num_samples_per_image=args.scst_samples, reward_funcs=["cider"],
-                save_strategy="no", disable_tqdm=True, seed=0,
+                num_samples_per_image=args.scst_samples, reward_funcs=["cider"], save_strategy="no", disable_tqdm=True,
+                seed=0, **({"num_rollouts": args.num_rollouts} if objective == "spider_pg" else {}),
             )  # fmt: skip
             return RLCaptionTrainer(
                 model=model, args=config, processing_class=processor, train_dataset=shapes["train"]

@@ -1,4 +1,4 @@
-"""Quality of XE, SCST and spider_pg (seed 000) on the shapes test split, averaged over several seeds.
+"""Quality of XE, SCST and spider_pg (Liu et al. 2017) on the shapes test split, averaged over several seeds.
 
     python benchmarks/compare_objectives.py [--seeds 0 1 2] [--num-train 2000] [--xe-epochs 3] [--rl-epochs 1]
                                             [--output compare_objectives.json]

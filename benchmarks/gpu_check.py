@@ -209,8 +209,9 @@ def make_trainer(objective, model, processor, dataset, batch_size, device, bf16,
     config = RLCaptionConfig(
         output_dir=str(scratch / "budget" / objective), use_cpu=device.type == "cpu", bf16=bf16, objective=objective,
         per_device_train_batch_size=batch_size, learning_rate=LEARNING_RATES[objective], max_caption_length=20,
-        reward_funcs=["cider"], num_samples_per_image=5, baseline="greedy", num_paths_per_image=1, num_rollouts=3,
-        save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        reward_funcs=["cider"], num_samples_per_image=5, baseline="greedy", save_strategy="no", eval_strategy="no",
+        report_to=[], disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        **({"num_paths_per_image": 1, "num_rollouts": 3} if objective == "spider_pg" else {}),
     )  # fmt: skip
     trainer = RLCaptionTrainer(model=model, args=config, processing_class=processor, train_dataset=dataset)
     trainer.create_optimizer_and_scheduler(num_training_steps=1000)

@@ -1,8 +1,8 @@
 """
-Reproduction of seed 004 (cooperative speaker-listener training, PSST) on shapes: for each way of passing words
-(`st`, `psst`, `gumbel`, `reinforce`) and each λ of the sweep, `examples/train_psst.py` from the published XE warm
-start and a listener first trained alone on its words (once per seed, from that seed's initialisation), judged on the
-test split by the listener's recall of each image among the whole split from its speaker's caption, by an evaluator
+Reproduction of Vered et al. 2019 (cooperative speaker-listener training, PSST) on shapes: for each way of passing
+words (`st`, `psst`, `gumbel`, `reinforce`) and each λ of the sweep, `examples/train_psst.py` from the published XE
+warm start and a listener first trained alone on its words (once per seed, from that seed's initialisation), judged on
+the test split by the listener's recall of each image among the whole split from its speaker's caption, by an evaluator
 CLIP's text-to-image recall (which no training used, so a private speaker-listener code does not pass for a good
 caption), and by CIDEr-D, BLEU-4, object F1 and the share of parse failures (language drift); then ρ's sweep for
 `psst`.

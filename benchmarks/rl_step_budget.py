@@ -171,9 +171,10 @@ def make_trainer(objective: str, model: ShowTellRL, processor, shapes, args, out
         per_device_train_batch_size=args.batch_size, learning_rate=LEARNING_RATES[objective],
         max_caption_length=args.max_caption_length, reward_funcs=["cider"],
         num_samples_per_image=args.scst_samples, baseline="greedy",
-        num_paths_per_image=args.num_paths, num_rollouts=args.num_rollouts,
         save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True, seed=args.seed,
         dataloader_num_workers=0,
+        **({"num_paths_per_image": args.num_paths, "num_rollouts": args.num_rollouts}
+           if objective == "spider_pg" else {}),
     )  # fmt: skip
     trainer = RLCaptionTrainer(model=model, args=config, processing_class=processor, train_dataset=shapes["train"])
     trainer.create_optimizer_and_scheduler(num_training_steps=1000)

@@ -1,6 +1,6 @@
 """
-Reproduction of seed 002 (sequence-level exploration) on shapes: XE, SLL (SCST), SLL-ME (SCST + entropy bonus) and
-SLE, over several seeds, judged by the paper's Table 4 protocol (5 random samples per image, and the beam-5 top 5:
+Reproduction of Chen & Jin 2020 (sequence-level exploration) on shapes: XE, SLL (SCST), SLL-ME (SCST + entropy bonus)
+and SLE, over several seeds, judged by the paper's Table 4 protocol (5 random samples per image, and the beam-5 top 5:
 mean CIDEr-D, Div-1, Div-2, mBLEU-4) plus the scene object F1 of the samples and the evaluator CLIP's text-to-image
 R@1 of the beam-5 caption; then SLE's alpha sweep, plotted as CIDEr-D vs Div-2 of the samples.
 

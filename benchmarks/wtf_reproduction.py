@@ -1,10 +1,10 @@
 """
-Reproduction of seed 003 (WTF-RL) on shapes: the variants of the paper's Table 1 (`tf`, `wtf`, `wtf_rl`, `rl`,
-`rl_unidirectional`, `scst_discriminator`) and `rl` without the discriminator (α = 1), each `examples/train_wtf.py`
-from the published XE warm start over several seeds and the given learning rates, judged on the test split by
-retrieval in both directions by the reward CLIP and by the evaluator CLIP (which no reward used, so a caption that
-only fools the reward CLIP shows), BLEU-4, ROUGE-L, CIDEr-D, Self-BLEU, the scene object F1 and the share of parse
-failures (the discriminator should keep captions parseable where RL alone drifts).
+Reproduction of Chaffin et al. 2022 (WTF-RL) on shapes: the variants of the paper's Table 1 (`tf`, `wtf`, `wtf_rl`,
+`rl`, `rl_unidirectional`, `scst_discriminator`) and `rl` without the discriminator (α = 1), each
+`examples/train_wtf.py` from the published XE warm start over several seeds and the given learning rates, judged on the
+test split by retrieval in both directions by the reward CLIP and by the evaluator CLIP (which no reward used, so a
+caption that only fools the reward CLIP shows), BLEU-4, ROUGE-L, CIDEr-D, Self-BLEU, the scene object F1 and the share
+of parse failures (the discriminator should keep captions parseable where RL alone drifts).
 
     python benchmarks/wtf_reproduction.py --output-dir runs/wtf_reproduction --jobs 2
 

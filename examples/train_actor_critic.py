@@ -1,5 +1,5 @@
 """
-Actor-critic captioning with a value network (seed 001; the scheme of Ren et al. 2017), from the published XE warm
+Actor-critic captioning with a value network (Ren et al. 2017), from the published XE warm
 start:
 
     accelerate launch examples/train_actor_critic.py --output_dir runs/actor_critic --use_cpu
@@ -26,6 +26,7 @@ from transformers import set_seed
 
 from rlcaption.evaluation import evaluate_model
 from rlcaption.models import PolicyValueCaptioner, ShowTellRL
+from rlcaption.objectives import ActorCriticConfig
 from rlcaption.objectives.actor_critic import value_explained_variance
 from rlcaption.recipes import (
     RecipeArguments,
@@ -74,7 +75,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
             f"A policy network and a value network trained on the `{script_args.dataset}` dataset by actor-critic "
-            "policy gradient (seed 001, Ren et al. 2017): the value network's estimate of each prefix is the "
+            "policy gradient (Ren et al. 2017): the value network's estimate of each prefix is the "
             f"baseline, and lookahead beam search uses it at inference. Reward: {reward}. Started from "
             f"`{script_args.model_name_or_path}`."
         ),
@@ -94,7 +95,9 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
 
 
 def main(argv=None):
-    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    script_args, training_args = parse_recipe_arguments(
+        ScriptArguments, RECIPE_DEFAULTS, argv, config_class=ActorCriticConfig
+    )
     if training_args.objective != "actor_critic":
         raise ValueError(
             f"train_actor_critic.py trains a policy and its value network; --objective {training_args.objective} "

@@ -1,5 +1,5 @@
 """
-Training of seed 001's visual-semantic embedding (Ren et al. 2017; SPEC.md "Seed 001"), the reward model of the
+Training of Ren et al.'s visual-semantic embedding (Ren et al. 2017), the reward model of the
 `embedding` reward, on the ground-truth pairs of the shapes dataset:
 
     OMP_NUM_THREADS=1 python examples/train_embedding.py --output_dir runs/visual-semantic-embedding-shapes \
@@ -11,7 +11,7 @@ trains the shipped `checkpoints/visual-semantic-embedding-shapes` with the defau
 The embedding takes the processor of the captioner it will reward (`--captioner_name_or_path`, the published XE
 captioner by default): the same vocabulary, so that the reward reads every word the captioner writes, and the same
 image size. By default (`--image_encoder captioner`) its image side is a linear map `l_e` of that captioner's fixed,
-pretrained CNN features, as seed 001's maps fixed VGG-16 features; `--image_encoder new --cnn_channels ...` trains a
+pretrained CNN features, as Ren et al.'s maps fixed VGG-16 features; `--image_encoder new --cnn_channels ...` trains a
 CNN of its own instead. Words → GRU → linear embeds a caption (`--word_embedding_size`, `--hidden_size`,
 `--joint_embedding_size`).
 
@@ -65,7 +65,7 @@ class ScriptArguments(RecipeArguments):
     image_encoder: str = field(
         default="captioner",
         metadata={
-            "help": "`captioner`: a copy of the captioner's fixed pretrained CNN (seed 001's l_e maps fixed "
+            "help": "`captioner`: a copy of the captioner's fixed pretrained CNN (Ren et al.'s l_e maps fixed "
             "features); `new`: a CNN of --cnn_channels trained with the embedding."
         },
     )

@@ -1,6 +1,6 @@
 """
-Cooperative speaker-listener training with partial-sampling straight-through (PSST, seed 004), from the published XE
-warm start:
+Cooperative speaker-listener training with partial-sampling straight-through (PSST, Vered et al. 2019), from the
+published XE warm start:
 
     accelerate launch examples/train_psst.py --output_dir runs/psst --use_cpu \
         --eval_clip checkpoints/shapes-clip-evaluator
@@ -27,6 +27,7 @@ from transformers import set_seed
 
 from rlcaption.listener_evaluation import listener_recall
 from rlcaption.models import ShowTellRL, SpeakerListener
+from rlcaption.objectives import PSSTConfig
 from rlcaption.recipes import (
     RecipeArguments,
     load_pretrained_captioner,
@@ -65,7 +66,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
             f"A speaker-listener pair trained on the `{script_args.dataset}` dataset by cooperative image captioning "
-            "(seed 004, Vered et al. 2019): the speaker captions, the listener finds the image from the caption, and "
+            "(Vered et al. 2019): the speaker captions, the listener finds the image from the caption, and "
             f"the speaker learns from the listener through its words passed in `{mode}` mode, beside self-critical "
             f"CIDEr-D. Started from `{script_args.model_name_or_path}`."
         ),
@@ -86,7 +87,9 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
 
 
 def main(argv=None):
-    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    script_args, training_args = parse_recipe_arguments(
+        ScriptArguments, RECIPE_DEFAULTS, argv, config_class=PSSTConfig
+    )
     if training_args.objective != "psst":
         raise ValueError(
             f"train_psst.py trains a speaker and its listener; --objective {training_args.objective} belongs to "

@@ -18,6 +18,7 @@ checkpoint resumes from it; `--push_to_hub --hub_model_id org/name` publishes th
 
 from dataclasses import dataclass, field
 
+from rlcaption.objectives import SCSTConfig
 from rlcaption.recipes import (
     RecipeArguments,
     load_pretrained_captioner,
@@ -69,7 +70,9 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
 
 
 def main(argv=None):
-    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    script_args, training_args = parse_recipe_arguments(
+        ScriptArguments, RECIPE_DEFAULTS, argv, config_class=SCSTConfig
+    )
     if training_args.objective != "scst":
         raise ValueError(
             f"train_scst.py trains by self-critical sequence training; --objective {training_args.objective} "

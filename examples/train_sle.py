@@ -1,6 +1,6 @@
 """
-Sequence-level exploration (SLE, seed 002): policy gradient on precision (a reward, CIDEr-D by default) and on the
-diversity of each image's samples, from the published XE warm start:
+Sequence-level exploration (SLE, Chen & Jin 2020): policy gradient on precision (a reward, CIDEr-D by default) and on
+the diversity of each image's samples, from the published XE warm start:
 
     accelerate launch examples/train_sle.py --output_dir runs/sle --use_cpu
 
@@ -19,6 +19,7 @@ F1, beside the beam-5 caption's consensus metrics; the output folder gets the mo
 
 from dataclasses import dataclass, field
 
+from rlcaption.objectives import SLEConfig
 from rlcaption.recipes import (
     RecipeArguments,
     load_pretrained_captioner,
@@ -80,10 +81,10 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
             f"An image captioner fine-tuned on the `{script_args.dataset}` dataset with {method} from "
             f"`{script_args.model_name_or_path}`"
             + (
-                ": sequence-level exploration (seed 002) rewards both the precision of each sampled caption and its "
-                "distance to the image's other samples, for captions that are right and varied."
+                ": sequence-level exploration (Chen & Jin 2020) rewards both the precision of each sampled caption "
+                "and its distance to the image's other samples, for captions that are right and varied."
                 if method == "SLE"
-                else ", the sequence-level learning baseline of seed 002."
+                else ", the sequence-level learning baseline of Chen & Jin 2020."
             )
             + " The scores of several captions per image (5 samples, and the beam-5 top 5) follow the paper's "
             "Table 4."
@@ -95,7 +96,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
 
 
 def main(argv=None):
-    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv, config_class=SLEConfig)
     if training_args.objective not in _OBJECTIVES:
         raise ValueError(
             f"train_sle.py trains SLE or its SLL baselines (--objective sle or scst); --objective "

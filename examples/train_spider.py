@@ -1,5 +1,5 @@
 """
-SPIDEr policy gradient with Monte-Carlo rollouts and a learned baseline (seed 000, Liu et al. 2017), warm-started
+SPIDEr policy gradient with Monte-Carlo rollouts and a learned baseline (Liu et al. 2017), warm-started
 from teacher forcing (XE):
 
     accelerate launch examples/train_spider.py --output_dir runs/spider --reward_funcs cider
@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from rlcaption.metrics.spice import check_spice
+from rlcaption.objectives import SpiderPGConfig
 from rlcaption.processing import CaptionProcessor
 from rlcaption.recipes import (
     RecipeArguments,
@@ -116,7 +117,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
             "warm start": f"XE, {script_args.xe_epochs:g} epochs, lr {script_args.xe_learning_rate:g}"
             if script_args.xe_epochs > 0
             else f"`{script_args.model_name_or_path}`",
-            "objective": "`spider_pg` (seed 000)",
+            "objective": "`spider_pg` (Liu et al. 2017)",
             "reward": rewards,
             "sampled captions per image (M)": training_args.num_paths_per_image,
             "rollouts per prefix (K)": training_args.num_rollouts,
@@ -129,7 +130,9 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
 
 
 def main(argv=None):
-    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    script_args, training_args = parse_recipe_arguments(
+        ScriptArguments, RECIPE_DEFAULTS, argv, config_class=SpiderPGConfig
+    )
     if training_args.objective != "spider_pg":
         raise ValueError(
             f"train_spider.py trains by the SPIDEr policy gradient; --objective {training_args.objective} belongs to "

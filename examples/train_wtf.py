@@ -1,6 +1,6 @@
 """
-WTF-RL (seed 003): CLIP-guided RL with ground-truth captions and a learned discriminator, from the published XE warm
-start or any captioner the trainer supports:
+WTF-RL (Chaffin et al. 2022): CLIP-guided RL with ground-truth captions and a learned discriminator, from the published
+XE warm start or any captioner the trainer supports:
 
     accelerate launch examples/train_wtf.py --output_dir runs/wtf --use_cpu
 
@@ -26,6 +26,7 @@ from transformers import GenerationConfig
 
 from rlcaption.evaluation import caption_dataset, clip_scores
 from rlcaption.metrics import check_java
+from rlcaption.objectives import WTFConfig
 from rlcaption.recipes import (
     RecipeArguments,
     load_pretrained_captioner,
@@ -64,10 +65,10 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
-            f"An image captioner fine-tuned on the `{script_args.dataset}` dataset with WTF-RL (seed 003), variant "
-            f"`{variant}`: a CLIP's decoupled bidirectional contrastive reward and a discriminator of human-written "
-            f"captions guide RL on beam-search captions and weight teacher forcing on the ground truth. Started from "
-            f"`{script_args.model_name_or_path}`; reward CLIP `{training_args.reward_clip}`."
+            f"An image captioner fine-tuned on the `{script_args.dataset}` dataset with WTF-RL (Chaffin et al. 2022), "
+            f"variant `{variant}`: a CLIP's decoupled bidirectional contrastive reward and a discriminator of "
+            "human-written captions guide RL on beam-search captions and weight teacher forcing on the ground truth. "
+            f"Started from `{script_args.model_name_or_path}`; reward CLIP `{training_args.reward_clip}`."
         ),
         recipe="train_wtf.py",
         training_settings={
@@ -85,7 +86,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
 
 
 def main(argv=None):
-    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
+    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv, config_class=WTFConfig)
     if training_args.objective != "wtf":
         raise ValueError(
             f"train_wtf.py trains WTF-RL (its Table 1 variants by --wtf_variant); --objective "

@@ -1,4 +1,4 @@
-"""Several captions per image, scored as in seed 002's Table 4."""
+"""Several captions per image, scored as in Chen & Jin's Table 4."""
 
 import pytest
 import torch

@@ -94,7 +94,7 @@ def test_evaluate_command_scores_caption_sets_as_the_library_does(saved_model, t
     assert "CIDEr" in printed and "sample3_object_f1" in printed
 
 
-# ---------------------------------------------------------------- lookahead beam search (seed 001)
+# ---------------------------------------------------------------- lookahead beam search (Ren et al. 2017)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import torch
 from PIL import Image
 from transformers import AutoProcessor
 
-import rlcaption.models.auto  # noqa: F401  (registers CaptionProcessor with AutoProcessor)
+import rlcaption.auto  # noqa: F401  (registers CaptionProcessor with AutoProcessor)
 from rlcaption.metrics.tokenization import normalize_caption
 from rlcaption.processing import SPECIAL_TOKENS, CaptionProcessor
 

@@ -101,7 +101,7 @@ def test_checkpoint_folder_is_hub_ready_small_and_codeless(name):
     assert "auto_map" not in json.loads((folder / "config.json").read_text())
     assert sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) < 20 * 2**20
     weights = load_file(str(folder / "model.safetensors"))
-    # seed 000's baseline is the spider_pg objective's auxiliary network, kept in training checkpoints only
+    # Liu et al.'s baseline is the spider_pg objective's auxiliary network, kept in training checkpoints only
     assert not any(key.startswith("baseline") for key in weights)
 
 

@@ -1,6 +1,7 @@
 """The shared steps of the recipes: arguments, resuming, paths, publishing offline."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -181,3 +182,39 @@ def test_the_network_a_recipe_adds_to_the_captioner_starts_from_the_run_s_seed(
     first, again, other = initial_weights(0), initial_weights(0), initial_weights(1)
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+# ------------------------------------------------------------------ each recipe's options
+
+# options that belong to one method's config: a recipe lists those of its own method only
+METHOD_OPTIONS = {
+    "scst": ("entropy_bonus_weight",),
+    "sle": ("sle_alpha", "sle_distance"),
+    "spider_pg": ("num_rollouts", "num_paths_per_image", "baseline_pretraining_steps"),
+    "wtf": ("wtf_variant", "wtf_alpha", "reward_clip", "discriminator_learning_rate"),
+    "psst": ("psst_lambda", "psst_mode", "listener_pretraining_steps"),
+    "actor_critic": ("value_learning_rate", "value_pretraining_steps"),
+}
+# a recipe's method and the methods whose options it also takes (SLE runs its SLL baselines, PSST's naturalness term
+# is SCST's)
+RECIPE_METHODS = {
+    "train_xe": (),
+    "train_scst": ("scst",),
+    "train_sle": ("sle", "scst"),
+    "train_spider": ("spider_pg",),
+    "train_wtf": ("wtf",),
+    "train_psst": ("psst", "scst"),
+    "train_actor_critic": ("actor_critic",),
+}
+
+
+@pytest.mark.parametrize("recipe", list(RECIPE_METHODS))
+def test_a_recipe_s_help_lists_its_method_s_options_and_the_shared_ones_only(recipe, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_recipe(recipe).main(["--help"])
+    assert exit_info.value.code == 0
+    listed = set(re.findall(r"^\s+--(\w+)", capsys.readouterr().out, flags=re.MULTILINE))
+    assert {"output_dir", "learning_rate", "reward_funcs", "num_samples_per_image", "eval_num_beams"} <= listed
+    for method, options in METHOD_OPTIONS.items():
+        own = method in RECIPE_METHODS[recipe]
+        assert all((option in listed) == own for option in options), (method, sorted(listed & set(options)))

@@ -1,6 +1,6 @@
 """rlcaption: reinforcement learning for image captioning with Hugging Face models."""
 
-from . import models  # noqa: F401  (registers the Auto classes before anyone calls from_pretrained)
+from . import auto  # noqa: F401  (registers the Auto classes before anyone calls from_pretrained)
 from .data import CaptionCollator, load_caption_dataset, load_coco, load_karpathy, load_shapes
 from .evaluation import evaluate_model
 from .metrics import evaluate_captions
@@ -18,14 +18,25 @@ from .models import (
     VisualSemanticEmbedding,
     VisualSemanticEmbeddingConfig,
 )
+from .models.captions import soft_word_embeddings
+from .objectives import (
+    ActorCriticConfig,
+    PSSTConfig,
+    SCSTConfig,
+    SLEConfig,
+    SpiderPGConfig,
+    WTFConfig,
+)
+from .objectives.word_passing import WORD_PASSING_MODES, PassedWords, decode_with_word_passing
 from .processing import CaptionProcessor
 from .rewards import RewardMix, available_rewards, get_reward, register_reward
 from .trainer import RLCaptionConfig, RLCaptionTrainer
-from .word_passing import WORD_PASSING_MODES, PassedWords, decode_with_word_passing, soft_word_embeddings
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "ActorCriticConfig",
+    "PSSTConfig",
     "PolicyValueCaptioner",
     "PolicyValueConfig",
     "CaptionCollator",
@@ -34,6 +45,8 @@ __all__ = [
     "RLCaptionConfig",
     "RLCaptionTrainer",
     "RewardMix",
+    "SCSTConfig",
+    "SLEConfig",
     "ShapesCLIPConfig",
     "ShapesCLIPModel",
     "ShowTellRL",
@@ -42,9 +55,11 @@ __all__ = [
     "ShowTellRLState",
     "SpeakerListener",
     "SpeakerListenerConfig",
+    "SpiderPGConfig",
     "VisualSemanticEmbedding",
     "VisualSemanticEmbeddingConfig",
     "WORD_PASSING_MODES",
+    "WTFConfig",
     "available_rewards",
     "decode_with_word_passing",
     "evaluate_captions",

@@ -7,8 +7,9 @@ family provides them its own way:
 
 - `ShowTellRL`: bos and eos; `model(input_ids, pixel_values | image_features)`, each image encoded once for all
   its captions.
-- `SpeakerListener` (seed 004): the same through its speaker, a `ShowTellRL`, whose generation config is the model's.
-- `PolicyValueCaptioner` (seed 001): the same through its policy network, a `ShowTellRL`.
+- `SpeakerListener` (Vered et al. 2019): the same through its speaker, a `ShowTellRL`, whose generation config is the
+  model's.
+- `PolicyValueCaptioner` (Ren et al. 2017): the same through its policy network, a `ShowTellRL`.
 - `VisionEncoderDecoderModel` (GPT-2, BERT, ... decoder): decoder_start_token_id and eos;
   `model(pixel_values, decoder_input_ids)`.
 - `BlipForConditionalGeneration`: the text decoder's bos and sep tokens (what its `generate` uses);
@@ -243,8 +244,9 @@ class ShowTellRLCaptioner(Captioner):
 
 class SpeakerListenerCaptioner(ShowTellRLCaptioner):
     """
-    rlcaption's SpeakerListener (seed 004): captions with its speaker, a ShowTellRL. Its `forward` and `generate` are
-    the speaker's, and its `generation_config` is the speaker's own, so it is captioned as a ShowTellRL is.
+    rlcaption's SpeakerListener (Vered et al. 2019): captions with its speaker, a ShowTellRL. Its `forward` and
+    `generate` are the speaker's, and its `generation_config` is the speaker's own, so it is captioned as a ShowTellRL
+    is.
     """
 
     family = "SpeakerListener"
@@ -259,9 +261,9 @@ class SpeakerListenerCaptioner(ShowTellRLCaptioner):
 
 class PolicyNetworkCaptioner(ShowTellRLCaptioner):
     """
-    rlcaption's PolicyValueCaptioner (seed 001): captions with its policy network, a ShowTellRL. Its `forward` and
-    `generate` are the policy's (without `lookahead_lambda`, `generate` is the policy's alone, as RL sampling needs),
-    and its `generation_config` is the policy's own, so it is captioned as a ShowTellRL is.
+    rlcaption's PolicyValueCaptioner (Ren et al. 2017): captions with its policy network, a ShowTellRL. Its `forward`
+    and `generate` are the policy's (without `lookahead_lambda`, `generate` is the policy's alone, as RL sampling
+    needs), and its `generation_config` is the policy's own, so it is captioned as a ShowTellRL is.
     """
 
     family = "PolicyValueCaptioner"

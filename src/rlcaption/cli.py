@@ -15,7 +15,7 @@ def _add_lookahead_argument(parser: argparse.ArgumentParser, note: str = "") -> 
         "--lookahead-lambda",
         type=float,
         default=None,
-        help="For a model with a value network (a PolicyValueCaptioner, seed 001): the beam search ranks every "
+        help="For a model with a value network (a PolicyValueCaptioner, Ren et al. 2017): the beam search ranks every "
         "extension by λ·log p + (1 − λ)·v, λ in [0, 1] (Ren et al. report 0.4; 1 is plain beam search). Needs "
         "--num-beams >= 2. Plain beam search when omitted." + note,
     )
@@ -95,7 +95,7 @@ def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
         default=[],
         choices=["sample", "beam"],
         help="Also caption every image --set-size times, by random sampling and/or as the top of a beam search of "
-        "that width, and score the sets as seed 002's Table 4 does: mean CIDEr-D, Div-1, Div-2, mBLEU-4 and, on "
+        "that width, and score the sets as Chen & Jin's Table 4 does: mean CIDEr-D, Div-1, Div-2, mBLEU-4 and, on "
         "shapes, object F1 (keys sample5_CIDEr, beam5_Div-2, ...).",
     )
     parser.add_argument("--set-size", type=int, default=5, help="Captions per image of each caption set.")

@@ -17,7 +17,8 @@ whose forward cuDNN cannot differentiate.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from .captioners import captioner_for
+from .models.captions import caption_token_mask
 
 __all__ = [
     "IMAGE_INPUT_NAMES",
@@ -35,6 +37,7 @@ __all__ = [
     "caption_logits",
     "caption_token_mask",
     "evaluation_mode",
+    "forward_through",
     "generate_captions",
     "image_inputs_of",
     "repeat_image_inputs",
@@ -109,6 +112,39 @@ def evaluation_mode(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def forward_through(wrapped: nn.Module, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """
+    Calls `method` of the network inside `wrapped` (a DDP or accelerate wrapper) through the wrapper's `forward`: a
+    method name, or a function whose first argument is the network (`forward_through(model, decode_with_word_passing,
+    ...)` calls `decode_with_word_passing(network, ...)`).
+
+    DDP synchronises the gradients of what runs inside its `forward` only; a method called on the unwrapped network
+    (differentiable decoding, a value estimate) would leave each process with its own gradients. Without a wrapper
+    (one process) this is the plain method call.
+    """
+    module = getattr(wrapped, "module", wrapped)
+    target = getattr(module, method) if isinstance(method, str) else functools.partial(method, module)
+    if module is wrapped:
+        return target(*args, **kwargs)
+    instance_forward = module.__dict__.get("forward")  # accelerate's mixed-precision forward, when there is one
+
+    def restore_forward() -> None:
+        if instance_forward is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.forward = instance_forward
+
+    def forward_once(*call_args: Any, **call_kwargs: Any) -> Any:
+        restore_forward()  # the method may call the module's own forward
+        return target(*call_args, **call_kwargs)
+
+    module.forward = forward_once
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        restore_forward()
+
+
 @torch.no_grad()
 def generate_captions(
     model: nn.Module,
@@ -150,23 +186,6 @@ def generate_captions(
     sequences = output.sequences if hasattr(output, "sequences") else output
     texts = [text.strip() for text in processor.batch_decode(sequences, skip_special_tokens=True)]
     return GeneratedCaptions(sequences=sequences, texts=texts)
-
-
-def caption_token_mask(sequences: torch.LongTensor, eos_token_id: int) -> torch.Tensor:
-    """
-    Marks the predicted tokens of generated sequences: every token after the start token up to and including the
-    first end token (so that padding, even when it shares the end token's id, is excluded).
-
-    Args:
-        sequences (`torch.LongTensor` of shape `(N, T)`): generated ids, the start token first.
-
-    Returns:
-        `torch.FloatTensor` of shape `(N, T - 1)`, aligned with [`token_log_probs`].
-    """
-    targets = sequences[:, 1:]  # (N, T-1)
-    is_eos = (targets == eos_token_id).long()
-    ends_before = is_eos.cumsum(dim=1) - is_eos  # number of end tokens strictly before each position
-    return (ends_before == 0).float()
 
 
 def caption_logits(

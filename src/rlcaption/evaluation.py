@@ -36,8 +36,8 @@ __all__ = [
 # The keys `set_diversity` reports, by the name `diversity_scores` takes.
 _SET_DIVERSITY_KEYS = {"div_1": "Div-1", "div_2": "Div-2", "mbleu_4": "mBLEU-4"}
 
-# How the several captions of an image are drawn in the protocol of seed 002 (Table 4): random samples, or the top of
-# a beam search.
+# How the several captions of an image are drawn in the protocol of Chen & Jin 2020 (Table 4): random samples, or the
+# top of a beam search.
 CAPTION_SET_DECODINGS = ("sample", "beam")
 
 
@@ -237,7 +237,7 @@ def caption_set_prefix(decoding: str, set_size: int) -> str:
 
 def caption_set_generation_config(decoding: str, set_size: int, max_new_tokens: int) -> GenerationConfig:
     """
-    The decoding of the protocol of seed 002 (Table 4): `set_size` captions per image, drawn by pure sampling
+    The decoding of the protocol of Chen & Jin 2020 (Table 4): `set_size` captions per image, drawn by pure sampling
     (`"sample"`: temperature 1, no top-k or nucleus cut) or the `set_size` best of a beam search of that width
     (`"beam"`).
     """
@@ -317,7 +317,7 @@ def caption_set_scores(
     sets: Mapping[Any, Sequence[str]], references: Mapping[Any, Sequence[str]], dataset=None
 ) -> dict[str, float]:
     """
-    The scores of seed 002's Table 4 for several captions of every image: the mean CIDEr-D of all the captions (each
+    The scores of Chen & Jin's Table 4 for several captions of every image: the mean CIDEr-D of all the captions (each
     against its image's references; document frequencies from the references, as for one caption per image), the
     diversity within each image's set (Div-1, Div-2, mBLEU-4, [`rlcaption.metrics.set_diversity`]) and, when
     `dataset` has a `scene` column, the scene grounding of all the captions, so that diversity bought with wrong

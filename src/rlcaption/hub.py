@@ -75,7 +75,7 @@ _DIVERSITY_AND_CLIP_METRICS = {
     },
     **{f"listener_R@{k}": ("recall", f"Listener R@{k} (caption to image)") for k in (1, 5, 10)},
 }
-# Scores of the lookahead beam search of a policy-value captioner (seed 001), beside those of plain beam search.
+# Scores of the lookahead beam search of a policy-value captioner (Ren et al. 2017), beside those of plain beam search.
 _DIVERSITY_AND_CLIP_METRICS.update(
     {
         f"lookahead_{key}": (metric_type, f"{name} (lookahead beam search)")
@@ -83,7 +83,7 @@ _DIVERSITY_AND_CLIP_METRICS.update(
         if key in ("CIDEr", "Bleu_4", "object_f1")
     }
 )
-# The same CLIP scores by the CLIP a reward used (seed 003 reports both; the reward CLIP can be fooled).
+# The same CLIP scores by the CLIP a reward used (Chaffin et al. 2022 reports both; the reward CLIP can be fooled).
 _DIVERSITY_AND_CLIP_METRICS.update(
     {
         f"reward_clip_{key}": (metric_type, name.replace("(evaluator CLIP)", "(reward CLIP)"))
@@ -92,7 +92,7 @@ _DIVERSITY_AND_CLIP_METRICS.update(
     }
 )
 # How well a policy-value captioner's value network predicts the rewards of captions sampled for the test images
-# (`rlcaption.objectives.actor_critic.value_explained_variance`, seed 001).
+# (`rlcaption.objectives.actor_critic.value_explained_variance`, Ren et al. 2017).
 _VALUE_METRICS = {
     "value_explained_variance": ("explained_variance", "Value network explained variance (sampled test captions)")
 }

@@ -1,4 +1,6 @@
-"""Seed 004's discriminability evaluation: how well a listener finds each image of a split from the speaker's caption.
+"""
+Vered et al.'s discriminability evaluation: how well a listener finds each image of a split from the speaker's
+caption.
 
 Every image of the split is captioned greedily by the speaker of a [`SpeakerListener`] (test-time words are discrete);
 the caption then ranks all the split's images, and the recall R@K is the share of captions whose own image is among

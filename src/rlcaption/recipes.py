@@ -83,15 +83,19 @@ def _normalise_resume_flag(argv: Sequence[str]) -> list[str]:
 
 
 def parse_recipe_arguments(
-    script_arguments_class: type, defaults: Mapping[str, Any] | None = None, argv: Sequence[str] | None = None
+    script_arguments_class: type,
+    defaults: Mapping[str, Any] | None = None,
+    argv: Sequence[str] | None = None,
+    config_class: type[RLCaptionConfig] = RLCaptionConfig,
 ) -> tuple[Any, RLCaptionConfig]:
     """
-    Parses `(script_arguments_class, RLCaptionConfig)` from the command line (or `argv`) with the recipe's own
-    `defaults` (e.g. its objective and learning rate), and settles where training resumes from
+    Parses `(script_arguments_class, config_class)` from the command line (or `argv`) with the recipe's own
+    `defaults` (e.g. its learning rate); `config_class` is the recipe's method's config (`SCSTConfig`, ...), so that
+    `--help` lists that method's options and the shared ones. Settles where training resumes from
     ([`resolve_resume_from_checkpoint`]), so that `training_args.resume_from_checkpoint` is what
     `trainer.train(resume_from_checkpoint=...)` takes.
     """
-    parser = HfArgumentParser((script_arguments_class, RLCaptionConfig))
+    parser = HfArgumentParser((script_arguments_class, config_class))
     if defaults:
         parser.set_defaults(**defaults)
     argv = sys.argv[1:] if argv is None else argv

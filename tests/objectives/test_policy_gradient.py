@@ -13,7 +13,8 @@ from rlcaption.decoding import (
     selective_log_softmax,
 )
 from rlcaption.objectives import policy_gradient_loss
-from rlcaption.objectives.scst import greedy_caption_rewards, mean_token_entropy
+from rlcaption.objectives.policy_gradient import greedy_caption_rewards
+from rlcaption.objectives.scst import mean_token_entropy
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
 
@@ -77,7 +78,7 @@ def test_minus_infinite_log_probabilities_of_padding_are_ignored():
     assert torch.isfinite(log_probs.grad).all()
 
 
-# ---------------------------------------------------------------- maximum-entropy bonus (seed 002's SLL-ME)
+# ---------------------------------------------------------------- maximum-entropy bonus (Chen & Jin's SLL-ME)
 
 
 def test_entropy_bonus_gradient_equals_the_hand_computed_gradient(monkeypatch):

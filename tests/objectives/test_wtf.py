@@ -1,5 +1,5 @@
-"""The wtf objective (seed 003): eq. 3 by hand for every variant, the discriminator's phases, training with ours and a
-transformers captioner, and a resume in the discriminator's pretraining phase."""
+"""The wtf objective (Chaffin et al. 2022): eq. 3 by hand for every variant, the discriminator's phases, training with
+ours and a transformers captioner, and a resume in the discriminator's pretraining phase."""
 
 import math
 import shutil
@@ -397,9 +397,9 @@ def test_a_killed_run_resumes_in_its_phase_reading_the_mined_neighbours(
 
 
 def test_config_validates_the_wtf_fields(tmp_path):
-    common = {"output_dir": str(tmp_path), "use_cpu": True}
     with pytest.raises(ValueError, match="objective='wtf' rewards captions with a CLIP: set reward_clip"):
-        RLCaptionConfig(objective="wtf", **common)
+        RLCaptionConfig(objective="wtf", output_dir=str(tmp_path), use_cpu=True)
+    common = {"output_dir": str(tmp_path), "use_cpu": True, "objective": "wtf", "reward_clip": "clip"}
     with pytest.raises(ValueError, match="wtf_variant='gan' is not one of"):
         RLCaptionConfig(wtf_variant="gan", **common)
     with pytest.raises(ValueError, match="wtf_alpha"):

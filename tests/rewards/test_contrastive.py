@@ -1,4 +1,4 @@
-"""The clip_contrastive reward: seed 003's eq. 2 by hand, neighbour mining, its cache, and the sets T and I."""
+"""The clip_contrastive reward: Chaffin et al.'s eq. 2 by hand, neighbour mining, its cache, and the sets T and I."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Seed 001's embedding reward: the cosine of a caption's and its image's embeddings, the hinge ranking loss that
+"""Ren et al.'s embedding reward: the cosine of a caption's and its image's embeddings, the hinge ranking loss that
 trains the embedding, and the embedding as a checkpoint of its own."""
 
 import numpy as np

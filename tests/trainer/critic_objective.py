@@ -7,8 +7,13 @@ import torch
 from torch import nn
 
 from rlcaption.decoding import caption_token_mask, image_inputs_of, selective_log_softmax
-from rlcaption.objectives import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
-from rlcaption.objectives.scst import policy_gradient_loss
+from rlcaption.objectives import (
+    AuxiliaryNetwork,
+    CaptionObjective,
+    TrainingPhase,
+    policy_gradient_loss,
+    register_objective,
+)
 
 CRITIC_PRETRAINING_STEPS = 2
 
@@ -45,7 +50,7 @@ class CriticObjective(CaptionObjective):
 
     def __init__(self, trainer):
         super().__init__(trainer)
-        hidden_size = trainer.accelerator.unwrap_model(trainer.model).config.hidden_size
+        hidden_size = trainer.unwrap_model(trainer.model).config.hidden_size
         self.critic = nn.Sequential(nn.Linear(hidden_size, 8), nn.Tanh(), nn.Linear(8, 1))
 
     def auxiliary_networks(self):
@@ -64,7 +69,7 @@ class CriticObjective(CaptionObjective):
             trainer.compute_rewards(samples.texts, inputs, image_index.tolist()), dtype=torch.float32
         )
         pretraining = self.current_phase().name == "critic_pretraining"
-        policy = trainer.accelerator.unwrap_model(model)
+        policy = trainer.unwrap_model(model)
         with torch.no_grad() if pretraining else torch.enable_grad():
             outputs = (policy if pretraining else model)(
                 **image_inputs, input_ids=samples.sequences, image_index=image_index, use_cache=False,

@@ -6,10 +6,10 @@ from __future__ import annotations
 from conftest import IMAGE_SIZE
 
 from rlcaption.models import PolicyValueCaptioner, SpeakerListener
+from rlcaption.objectives.word_passing import WORD_PASSING_MODES
 from rlcaption.objectives.wtf import WTF_VARIANTS
 from rlcaption.rewards import get_reward
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
-from rlcaption.word_passing import WORD_PASSING_MODES
 from tiny_captioners import make_show_tell
 
 MAX_LENGTH = 8

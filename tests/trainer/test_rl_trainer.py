@@ -168,7 +168,7 @@ def test_evaluate_scores_beam_search_captions(tiny_model, tiny_processor, tiny_s
 
 
 def test_unknown_objective_and_reward_are_rejected(tiny_model, tiny_processor, tiny_shapes, tmp_path):
-    with pytest.raises(ValueError, match="Unknown objective 'ppo'.*scst"):
+    with pytest.raises(ValueError, match="objective='ppo' is unknown; valid objectives: .*scst"):
         make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="ppo")
     with pytest.raises(ValueError, match="cidr"):
         make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="scst", reward_funcs=["cidr"])

@@ -1,5 +1,5 @@
 """
-An objective in the manner of seed 004 (PSST) built from the trainer's parts only: the speaker decodes with
+An objective in the manner of Vered et al. 2019 (PSST) built from the trainer's parts only: the speaker decodes with
 differentiable word passing inside its wrapper's forward (`forward_through`), a listener is an auxiliary network, and
 the listener's loss trains both.
 """
@@ -9,10 +9,11 @@ import torch
 from conftest import IMAGE_SIZE, make_tiny_model
 from torch import nn
 
-from rlcaption.decoding import image_inputs_of
+from rlcaption.decoding import forward_through, image_inputs_of
+from rlcaption.models.captions import soft_word_embeddings
 from rlcaption.objectives import AuxiliaryNetwork, CaptionObjective, register_objective
-from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, forward_through
-from rlcaption.word_passing import soft_word_embeddings
+from rlcaption.objectives.word_passing import decode_with_word_passing
+from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 
 class TinyListener(nn.Module):
@@ -36,7 +37,7 @@ class ListenerObjective(CaptionObjective):
 
     def __init__(self, trainer):
         super().__init__(trainer)
-        config = trainer.accelerator.unwrap_model(trainer.model).config
+        config = trainer.unwrap_model(trainer.model).config
         self.listener = TinyListener(config.word_embedding_size, 3 * IMAGE_SIZE * IMAGE_SIZE)
 
     def auxiliary_networks(self):
@@ -45,9 +46,9 @@ class ListenerObjective(CaptionObjective):
     def compute_loss(self, model, inputs):
         pixel_values = image_inputs_of(inputs)["pixel_values"]
         passed = forward_through(
-            model, "decode_with_word_passing", pixel_values=pixel_values, mode=self.args.word_passing, max_length=6
+            model, decode_with_word_passing, pixel_values=pixel_values, mode=self.args.word_passing, max_length=6
         )
-        speaker = self.trainer.accelerator.unwrap_model(model)
+        speaker = self.trainer.unwrap_model(model)
         words = soft_word_embeddings(passed.words, speaker.word_embeddings.weight)
         captions, images = self.trainer.auxiliary_network("listener")(words, pixel_values)
         similarities = captions @ images.T  # (B, B): each caption should pick its own image

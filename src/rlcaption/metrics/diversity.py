@@ -3,14 +3,14 @@
 Definitions (all on tokenized captions, tokens joined by single spaces; pass `normalize=True` to tokenize raw
 captions with `rlcaption.metrics.normalize_caption` first):
 
-- **Div-n** over the k captions of one image (seed 002, Table 4, after Wang et al. 2017): the number of distinct
+- **Div-n** over the k captions of one image (Chen & Jin 2020, Table 4, after Wang et al. 2017): the number of distinct
   n-grams in the k captions divided by the number of words in the k captions. Higher is more diverse. n-grams do not
   cross caption boundaries.
-- **mBLEU-4** of one image (seed 002): the BLEU-4 of each of its k captions against the other k - 1 as references,
-  averaged over the k captions. Lower is more diverse. Each BLEU-4 is the COCO toolkit's per-image (sentence)
-  BLEU-4, `rlcaption.metrics.compute_bleu`'s per-key value. The corpus value is the mean over images.
-- **Self-BLEU** of a set of generated captions (seed 003, after Zhu et al. 2018, "Texygen"): the BLEU-4 of each
-  caption against all the other captions of the set as references, averaged over captions. Lower is more diverse.
+- **mBLEU-4** of one image (Chen & Jin 2020): the BLEU-4 of each of its k captions against the other k - 1 as
+  references, averaged over the k captions. Lower is more diverse. Each BLEU-4 is the COCO toolkit's per-image
+  (sentence) BLEU-4, `rlcaption.metrics.compute_bleu`'s per-key value. The corpus value is the mean over images.
+- **Self-BLEU** of a set of generated captions (Chaffin et al. 2022, after Zhu et al. 2018, "Texygen"): the BLEU-4 of
+  each caption against all the other captions of the set as references, averaged over captions. Lower is more diverse.
   We take, as Texygen does, the mean of sentence-level scores rather than one corpus-level BLEU: every caption is a
   query of its own, and a mean over queries lets a random subset of queries (`sample_size`) estimate the full value
   without bias, while the references always stay the whole set. The sentence-level BLEU-4 is the COCO toolkit's
@@ -20,7 +20,7 @@ captions with `rlcaption.metrics.normalize_caption` first):
 - **Vocabulary size**: the number of distinct tokens over all generated captions.
 - **Copy rate**: the share of generated captions that occur verbatim among the training references (after the
   same normalization); 1 - copy rate is the share of novel captions.
-- **Pairwise caption distances** among the k captions of one image (seed 002's d(y, y'), the diversity reward of
+- **Pairwise caption distances** among the k captions of one image (Chen & Jin's d(y, y'), the diversity reward of
   `sle`): `bleu`, 1 - (BLEU-3 + BLEU-4) / 2 of one caption against the other as its single reference (the COCO
   toolkit's per-image BLEU), or `edit`, the word-level edit distance divided by the longer caption's length.
 """
@@ -105,7 +105,7 @@ def mbleu(captions: Sequence[str], max_n: int = 4, normalize: bool = False) -> f
 def set_diversity(
     captions_per_image: Mapping[K, Sequence[str]], normalize: bool = False
 ) -> tuple[dict[str, float], dict[K, dict[str, float]]]:
-    """Div-1, Div-2 and mBLEU-4 of the k captions of every image (seed 002, Table 4), and their means.
+    """Div-1, Div-2 and mBLEU-4 of the k captions of every image (Chen & Jin 2020, Table 4), and their means.
 
     Args:
         captions_per_image (`Mapping[K, Sequence[str]]`):
@@ -138,7 +138,8 @@ def self_bleu(
     seed: int = 0,
     normalize: bool = False,
 ) -> float:
-    """Self-BLEU-`max_n`: the mean sentence-level BLEU of each caption against all other captions (seed 003).
+    """Self-BLEU-`max_n`: the mean sentence-level BLEU of each caption against all other captions (Chaffin et al.
+    2022).
 
     Args:
         captions (`Sequence[str]`):
@@ -228,7 +229,7 @@ def copy_rate(captions: Iterable[str], training_references: Iterable[str], norma
 
 
 def pairwise_caption_distances(captions: Sequence[str], kind: str = "bleu", normalize: bool = False) -> np.ndarray:
-    """Distances between every ordered pair of the k captions of one image, seed 002's d(y, y').
+    """Distances between every ordered pair of the k captions of one image, Chen & Jin's d(y, y').
 
     All k * k pairs are scored in one NumPy computation on n-gram counts (or edit-distance tables), not k * k calls of
     a sentence-level scorer.

@@ -1,4 +1,6 @@
-"""Cross-modal retrieval recall R@K in both directions, from caption and image embeddings (seeds 003 and 004).
+"""
+Cross-modal retrieval recall R@K in both directions, from caption and image embeddings (Chaffin et al. 2022 and Vered
+et al. 2019).
 
 Text-to-image (T2I): each text queries all images; a hit at K when its own image is among the K most similar.
 Image-to-text (I2T): each image queries all texts; a hit at K when any of its own texts is among the K most similar.

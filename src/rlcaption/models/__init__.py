@@ -34,6 +34,3 @@ __all__ = [
     "VisualSemanticEmbedding",
     "VisualSemanticEmbeddingConfig",
 ]
-
-# Registers the Auto classes (AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor).
-from rlcaption.models import auto  # noqa: E402, F401

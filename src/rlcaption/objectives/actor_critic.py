@@ -1,10 +1,10 @@
 """
-Actor-critic training of a policy network and a value network (seed 001: Ren et al., CVPR 2017, "Deep Reinforcement
-Learning-based Image Captioning with Embedding Reward"; SPEC.md "Seed 001").
+Actor-critic training of a policy network and a value network (Ren et al., CVPR 2017, "Deep Reinforcement
+Learning-based Image Captioning with Embedding Reward").
 
 The model is a [`PolicyValueCaptioner`]: a policy `p_π(a_t | s_t)` (a [`ShowTellRL`]) and a value network `v(s_t)`
 that predicts the final reward of a caption from its image and a partial caption `s_t`. Training goes in the steps of
-seed 001 (Sec. 3.3.2):
+Ren et al. 2017 (Sec. 3.3.2):
 
 1. The policy learns by cross-entropy first (the `xe` objective, or a published XE checkpoint), then is wrapped with
    [`PolicyValueCaptioner.from_policy`]. The reward is the trainer's mix: the visual-semantic `embedding` reward
@@ -36,7 +36,8 @@ trained value network with the policy, which lookahead decoding needs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,19 +46,61 @@ from torch.utils.data import DataLoader
 from ..decoding import caption_token_mask, evaluation_mode, image_inputs_of, sample_token_log_probs
 from ..evaluation import with_image_ids
 from ..models.policy_value import PolicyValueCaptioner
-from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
-from .scst import policy_gradient_loss, sample_and_reward
-
-if TYPE_CHECKING:
-    from ..trainer.rl_trainer import RLCaptionTrainer
+from ..rl_config import RLCaptionConfig
+from .base import AuxiliaryNetwork, CaptionObjective, TrainerInterface, TrainingPhase, register_objective
+from .policy_gradient import policy_gradient_loss, sample_and_reward
 
 __all__ = [
+    "ActorCriticConfig",
     "ActorCriticObjective",
     "actor_critic_losses",
     "state_mask",
     "value_explained_variance",
     "value_regression_loss",
 ]
+
+
+@dataclass
+class ActorCriticConfig(RLCaptionConfig):
+    """
+    Configuration of `objective="actor_critic"` (a policy and a value network, Ren et al. 2017): the value network's
+    learning rate, pretraining and loss weight, besides the shared fields of [`RLCaptionConfig`].
+    """
+
+    objective: str = field(default="actor_critic", metadata={"help": "Training objective: `actor_critic`."})
+    value_learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "Learning rate of the `actor_critic` value network (its own optimizer parameter group, no weight "
+            "decay), scheduled like `learning_rate`; `learning_rate` when unset. The value network is a regression "
+            "that can learn faster than the policy."
+        },
+    )
+    value_pretraining_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Optimizer steps at the start of `actor_critic` that regress the value network on the rewards of "
+            "captions sampled from the fixed policy (Ren et al.'s training step 3), so that joint training starts "
+            "with a value network that predicts the reward; then both networks learn. 0: joint from the first step."
+        },
+    )
+    value_loss_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Weight of the value network's mean squared error in the joint `actor_critic` loss. Only the "
+            "value network receives this gradient; with Adam its step size is set by `value_learning_rate`, not by "
+            "this weight."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.value_learning_rate is not None and self.value_learning_rate <= 0:
+            raise ValueError(f"value_learning_rate must be > 0 or None, got {self.value_learning_rate}.")
+        if self.value_pretraining_steps < 0:
+            raise ValueError(f"value_pretraining_steps must be >= 0, got {self.value_pretraining_steps}.")
+        if self.value_loss_weight < 0:
+            raise ValueError(f"value_loss_weight must be >= 0, got {self.value_loss_weight}.")
 
 
 def state_mask(token_mask: torch.Tensor) -> torch.Tensor:
@@ -76,7 +119,7 @@ def state_mask(token_mask: torch.Tensor) -> torch.Tensor:
 
 def value_regression_loss(state_values: torch.Tensor, rewards: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     """
-    Seed 001's value loss (eqs. 9, 11): the mean over the regressed states ([`state_mask`]) of `(v(s_t) − R)²`.
+    Ren et al.'s value loss (eqs. 9, 11): the mean over the regressed states ([`state_mask`]) of `(v(s_t) − R)²`.
 
     Args:
         state_values (`torch.FloatTensor` of shape `(N, T + 1)`): `v` of every prefix of the sampled sequences.
@@ -96,7 +139,7 @@ def actor_critic_losses(
     normalization: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """
-    The two terms of seed 001's joint loss.
+    The two terms of Ren et al.'s joint loss.
 
     Args:
         token_log_probs (`torch.FloatTensor` of shape `(N, T)`): `log p_π(a_t | s_t)` of the sampled tokens.
@@ -119,7 +162,7 @@ def actor_critic_losses(
 
 @torch.no_grad()
 def value_explained_variance(
-    trainer: RLCaptionTrainer, dataset, num_samples_per_image: int | None = None, seed: int = 0
+    trainer: TrainerInterface, dataset, num_samples_per_image: int | None = None, seed: int = 0
 ) -> float:
     """
     How well the value network predicts the reward of captions it was not trained on: the explained variance
@@ -131,12 +174,12 @@ def value_explained_variance(
     reward from each of its prefixes; 0: no better than a constant (such as the mean reward); below 0: worse. The
     training logs the same ratio on the training batches.
 
-    The captions are drawn as the run draws them ([`RLCaptionTrainer.sample_captions`], from a random state seeded
-    with `seed`, the global one left as it was) and scored by the run's rewards ([`RLCaptionTrainer.compute_rewards`],
+    The captions are drawn as the run draws them ([`TrainerInterface.sample_captions`], from a random state seeded
+    with `seed`, the global one left as it was) and scored by the run's rewards ([`TrainerInterface.compute_rewards`],
     recorded under `value_evaluation`); `v` is [`PolicyValueCaptioner.value`], in evaluation mode.
 
     Args:
-        trainer ([`RLCaptionTrainer`]): the run, its model a [`PolicyValueCaptioner`].
+        trainer ([`TrainerInterface`]): the run, its model a [`PolicyValueCaptioner`].
         dataset (`datasets.Dataset`): images and their `captions`, collated by the trainer's collator.
         num_samples_per_image (`int`, *optional*): captions sampled per image; the run's `num_samples_per_image`
             when unset.
@@ -145,7 +188,7 @@ def value_explained_variance(
     Returns:
         `float`: EV; `nan` when the rewards do not vary (the ratio is undefined).
     """
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    model = trainer.unwrap_model(trainer.model)
     if not isinstance(model, PolicyValueCaptioner):
         raise ValueError(
             f"The explained variance of a value network needs a PolicyValueCaptioner, got {type(model).__name__}."
@@ -182,7 +225,7 @@ def value_explained_variance(
 @register_objective
 class ActorCriticObjective(CaptionObjective):
     """
-    Seed 001's actor-critic for a [`PolicyValueCaptioner`] (see the module documentation): value pretraining with the
+    Ren et al.'s actor-critic for a [`PolicyValueCaptioner`] (see the module documentation): value pretraining with the
     policy fixed for `value_pretraining_steps`, then policy gradient with the advantage `R − v(s_t)` and value
     regression together, `policy_loss + value_loss_weight · value_loss`.
 
@@ -192,10 +235,11 @@ class ActorCriticObjective(CaptionObjective):
     """
 
     name = "actor_critic"
+    config_class = ActorCriticConfig
 
     def __init__(self, trainer):
         super().__init__(trainer)
-        model = trainer.accelerator.unwrap_model(trainer.model)
+        model = trainer.unwrap_model(trainer.model)
         if not isinstance(model, PolicyValueCaptioner):
             raise ValueError(
                 f"The actor_critic objective trains a PolicyValueCaptioner (a policy and its value network), got "

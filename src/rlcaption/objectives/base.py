@@ -1,19 +1,26 @@
-"""The interface every training objective implements, the networks and phases it may declare, and the registry."""
+"""
+The interface every training objective implements, the trainer services it may use ([`TrainerInterface`]), the
+networks and phases it may declare, and the registry.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
+import numpy as np
 import torch
 from torch import nn
+from transformers import TrainerState
 
-if TYPE_CHECKING:
-    from ..trainer.rl_trainer import RLCaptionTrainer
+from ..decoding import GeneratedCaptions
+from ..rl_config import RLCaptionConfig, register_objective_config
 
 __all__ = [
     "AuxiliaryNetwork",
     "CaptionObjective",
+    "TrainerInterface",
     "TrainingPhase",
     "available_objectives",
     "get_objective_class",
@@ -60,9 +67,57 @@ class TrainingPhase:
     num_steps: int | None = None
 
 
+class TrainerInterface(Protocol):
+    """
+    What an objective may ask of the trainer that runs it: the config, the step, decoding, rewards, logging and the
+    auxiliary networks. [`RLCaptionTrainer`] implements it; a unit test can hand an objective a small fake instead.
+
+    Attributes:
+        args: the run's config, of the objective's `config_class`.
+        state: `state.global_step` is the current optimizer step (phases are a function of it).
+        model: the captioner as given to the trainer (not wrapped); `unwrap_model` unwraps the one `compute_loss` gets.
+        processing_class: the captioner's processor (`batch_decode`, its tokenizer).
+        eos_token_id: the token that ends a caption.
+        train_dataset, data_collator: the training data and how it is batched.
+    """
+
+    args: RLCaptionConfig
+    state: TrainerState
+    model: nn.Module
+    processing_class: Any
+    eos_token_id: int
+    train_dataset: Any
+    data_collator: Any
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The network inside a DDP or mixed-precision wrapper (itself without one)."""
+
+    def sample_captions(
+        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
+    ) -> GeneratedCaptions:
+        """Samples captions per image with the config's sampling settings, in evaluation mode."""
+
+    def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
+        """One greedy caption per image."""
+
+    def beam_search_captions(self, image_inputs: Mapping[str, torch.Tensor], num_beams: int) -> GeneratedCaptions:
+        """The best beam-search caption per image."""
+
+    def compute_rewards(
+        self, completions: list[str], inputs: Mapping[str, Any], row_index: Sequence[int], log_prefix: str = "reward"
+    ) -> np.ndarray:
+        """The weighted reward of each caption for the image of its batch row, `(len(completions),)`."""
+
+    def record_metric(self, name: str, value: float) -> None:
+        """Adds a scalar to the next training log, averaged over the steps since the last and over processes."""
+
+    def auxiliary_network(self, name: str) -> nn.Module:
+        """The objective's auxiliary network `name`, wrapped for the run (DDP, mixed precision)."""
+
+
 class CaptionObjective:
     """
-    A training objective: owns the algorithm (what to sample, which loss), while [`RLCaptionTrainer`] owns the loop
+    A training objective: owns the algorithm (what to sample, which loss), while the trainer owns the loop
     (backward, accumulation, mixed precision, DDP, checkpoints, logging).
 
     Subclasses set `name`, say whether they use rewards, and implement [`compute_loss`]. They record scalars for
@@ -75,8 +130,10 @@ class CaptionObjective:
 
     name: ClassVar[str]
     uses_rewards: ClassVar[bool] = True
+    # the config class that holds the objective's options (a subclass of RLCaptionConfig for a method with its own)
+    config_class: ClassVar[type[RLCaptionConfig]] = RLCaptionConfig
 
-    def __init__(self, trainer: RLCaptionTrainer):
+    def __init__(self, trainer: TrainerInterface):
         self.trainer = trainer
         self.args = trainer.args
 
@@ -110,6 +167,7 @@ def register_objective(cls: type[CaptionObjective]) -> type[CaptionObjective]:
     if cls.name in _OBJECTIVES and _OBJECTIVES[cls.name] is not cls:
         raise ValueError(f"An objective named {cls.name!r} is already registered ({_OBJECTIVES[cls.name].__name__}).")
     _OBJECTIVES[cls.name] = cls
+    register_objective_config(cls.name, cls.config_class)
     return cls
 
 

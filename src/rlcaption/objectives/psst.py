@@ -1,6 +1,6 @@
 """
-Cooperative speaker-listener training with partial-sampling straight-through (seed 004; Vered et al., "Joint
-Optimization for Cooperative Image Captioning", ICCV 2019; SPEC.md "Seed 004").
+Cooperative speaker-listener training with partial-sampling straight-through (Vered et al., "Joint
+Optimization for Cooperative Image Captioning", ICCV 2019).
 
 A [`SpeakerListener`]'s speaker and listener minimise together (eq. 1)
 
@@ -27,25 +27,101 @@ weights, then from `auxiliary_networks.safetensors`, which hold the same values)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decoding import evaluation_mode, image_inputs_of
+from ..decoding import evaluation_mode, forward_through, image_inputs_of
 from ..models.speaker_listener import SpeakerListener
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
-from .scst import SCSTObjective, policy_gradient_loss
+from .policy_gradient import policy_gradient_loss
+from .scst import SCSTConfig, SCSTObjective
+from .word_passing import WORD_PASSING_MODES, decode_with_word_passing
 
-__all__ = ["DiscriminabilityTerms", "PSSTObjective", "vse_hardest_negative_losses", "vse_mean_violation_losses"]
+__all__ = [
+    "DiscriminabilityTerms",
+    "PSSTConfig",
+    "PSSTObjective",
+    "vse_hardest_negative_losses",
+    "vse_mean_violation_losses",
+]
+
+
+@dataclass
+class PSSTConfig(SCSTConfig):
+    """
+    Configuration of `objective="psst"` (Vered et al. 2019): the weight λ of the listener's loss, how words are passed
+    to the listener, and the listener's training, besides SCST's fields for the naturalness term.
+    """
+
+    objective: str = field(default="psst", metadata={"help": "Training objective: `psst`."})
+    psst_lambda: float = field(
+        default=5e-3,
+        metadata={
+            "help": "λ of Vered et al.'s eq. 1, `λ · l_disc + (1 − λ) · l_nat`: the weight of the listener's "
+            "discriminability loss against the naturalness loss (−CIDEr-D by `scst`'s REINFORCE) in `psst`. The "
+            "paper traces the trade-off over λ in {10, 5, 2.5, 1.6, 1, 0.5} × 1e-3; 0 is `scst`."
+        },
+    )
+    psst_mode: str = field(
+        default="psst",
+        metadata={
+            "help": "How the `psst` speaker passes words to the listener (`rlcaption.word_passing`): `st` "
+            "(straight-through one-hots, ρ = 0), `psst` (the full distribution at a share `psst_rho` of the steps), "
+            "`gumbel` (Gumbel-softmax vectors), `st_gumbel`, `psst_gumbel`, or `reinforce` (plain one-hots; the "
+            "speaker is rewarded by the negated listener loss)."
+        },
+    )
+    psst_rho: float = field(
+        default=0.25,
+        metadata={
+            "help": "ρ of the `psst` and `psst_gumbel` modes: the probability that a step passes the full "
+            "distribution instead of a straight-through one-hot. The paper finds 0.25 best; 0 and 1 are worse."
+        },
+    )
+    gumbel_temperature: float = field(
+        default=1.0,
+        metadata={"help": "Temperature τ of the Gumbel-softmax in the `gumbel`, `st_gumbel` and `psst_gumbel` modes."},
+    )
+    listener_pretraining_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Steps at the start of a `psst` run where only the listener learns, from the words of the fixed "
+            "speaker, by the hinge averaged over all negatives (the hardest-negative hinge of eq. 2 does not train a "
+            "new listener); then the joint phase. 0: joint from the first step."
+        },
+    )
+    listener_learning_rate: float = field(
+        default=1e-3,
+        metadata={
+            "help": "Learning rate of the `psst` listener (its own optimizer parameter group, no weight decay), "
+            "scheduled like `learning_rate`."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.psst_lambda <= 1.0:
+            raise ValueError(f"psst_lambda weighs two losses and must be in [0, 1], got {self.psst_lambda}.")
+        if self.psst_mode not in WORD_PASSING_MODES:
+            raise ValueError(f"psst_mode={self.psst_mode!r} is not one of {WORD_PASSING_MODES}.")
+        if not 0.0 <= self.psst_rho <= 1.0:
+            raise ValueError(f"psst_rho is a probability and must be in [0, 1], got {self.psst_rho}.")
+        if self.gumbel_temperature <= 0:
+            raise ValueError(f"gumbel_temperature must be > 0, got {self.gumbel_temperature}.")
+        if self.listener_learning_rate <= 0:
+            raise ValueError(f"listener_learning_rate must be > 0, got {self.listener_learning_rate}.")
+        if self.listener_pretraining_steps < 0:
+            raise ValueError(f"listener_pretraining_steps must be >= 0, got {self.listener_pretraining_steps}.")
 
 
 def vse_hardest_negative_losses(similarities: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
     """
-    Seed 004's discriminability loss (eq. 2), the VSE++ hinge with the hardest negatives of the batch (Faghri et al.
-    2018), for every caption:
+    Vered et al.'s discriminability loss (eq. 2), the VSE++ hinge with the hardest negatives of the batch (Faghri et
+    al. 2018), for every caption:
 
         max(0, margin − Φ(w, I) + Φ(w', I)) + max(0, margin − Φ(w, I) + Φ(w, I'))
 
@@ -130,7 +206,7 @@ class DiscriminabilityTerms:
 @register_objective
 class PSSTObjective(CaptionObjective):
     """
-    `λ · l_disc + (1 − λ) · l_nat` of seed 004 for a [`SpeakerListener`] (see the module documentation), with
+    `λ · l_disc + (1 − λ) · l_nat` of Vered et al. 2019 for a [`SpeakerListener`] (see the module documentation), with
     λ = `psst_lambda`. λ = 0 is the `scst` objective (the listener is then not trained); λ = 1 drops `l_nat`.
 
     Logs `listener_loss` (the mean of eq. 2), `listener_batch_R@1` (the share of passed captions whose own image the
@@ -138,10 +214,11 @@ class PSSTObjective(CaptionObjective):
     """
 
     name = "psst"
+    config_class = PSSTConfig
 
     def __init__(self, trainer):
         super().__init__(trainer)
-        model = trainer.accelerator.unwrap_model(trainer.model)
+        model = trainer.unwrap_model(trainer.model)
         if not isinstance(model, SpeakerListener):
             raise ValueError(
                 f"The psst objective trains a SpeakerListener (a speaker and its listener), got "
@@ -165,18 +242,16 @@ class PSSTObjective(CaptionObjective):
         without gradient), by the mean-violation hinge ([`vse_mean_violation_losses`]): a new listener does not learn
         from the hardest negatives, and the speaker must not learn from a listener that cannot yet listen.
         """
-        from ..trainer.rl_trainer import forward_through  # here: see discriminability_terms
-
         args, trainer = self.args, self.trainer
         image_inputs = image_inputs_of(inputs)
         with evaluation_mode(model), torch.no_grad():
             passed = forward_through(
-                model, "decode_with_word_passing", **image_inputs, mode=args.psst_mode,
+                model, decode_with_word_passing, **image_inputs, mode=args.psst_mode,
                 max_length=args.max_caption_length + 1, rho=args.psst_rho,
                 gumbel_temperature=args.gumbel_temperature, temperature=args.temperature,
             )  # fmt: skip
         # the speaker's embeddings, detached: the fixed speaker gets no gradient through them either
-        word_embeddings = trainer.accelerator.unwrap_model(model).get_input_embeddings().weight.detach()
+        word_embeddings = trainer.unwrap_model(model).get_input_embeddings().weight.detach()
         caption_embeddings, image_embeddings = trainer.auxiliary_network("listener")(
             passed.words, word_embeddings, caption_mask=passed.step_mask, **image_inputs
         )
@@ -198,15 +273,12 @@ class PSSTObjective(CaptionObjective):
             model: the (possibly DDP-wrapped) [`SpeakerListener`]; its decoding runs through the wrapper's forward.
             inputs: the collated batch.
         """
-        # imported here: the trainer module imports the objectives package, which may register this objective
-        from ..trainer.rl_trainer import forward_through
-
         args, trainer = self.args, self.trainer
         image_inputs = image_inputs_of(inputs)
         # 1. the speaker decodes, passing word vectors over the vocabulary (in the model's mode, dropout included)
         passed = forward_through(
             model,
-            "decode_with_word_passing",
+            decode_with_word_passing,
             **image_inputs,
             mode=args.psst_mode,
             max_length=args.max_caption_length + 1,  # + <bos>
@@ -215,7 +287,7 @@ class PSSTObjective(CaptionObjective):
             temperature=args.temperature,
         )
         # 2. the listener embeds them with the speaker's word embeddings, and the images with its own encoder
-        word_embeddings = trainer.accelerator.unwrap_model(model).get_input_embeddings().weight
+        word_embeddings = trainer.unwrap_model(model).get_input_embeddings().weight
         caption_embeddings, image_embeddings = trainer.auxiliary_network("listener")(
             passed.words, word_embeddings, caption_mask=passed.step_mask, **image_inputs
         )

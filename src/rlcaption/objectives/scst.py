@@ -1,59 +1,57 @@
 """
-Self-critical sequence training (Rennie et al., CVPR 2017; SPEC.md, common ground):
-REINFORCE on sampled captions with a baseline that does not depend on the sample,
-`grad ≈ −(R(g) − b) grad log p(g | x)`, optionally with a maximum-entropy bonus (seed 002's "SLL-ME" baseline).
+Self-critical sequence training (Rennie et al., CVPR 2017): REINFORCE on sampled captions with a baseline that does
+not depend on the sample, `grad ≈ −(R(g) − b) grad log p(g | x)`, optionally with a maximum-entropy bonus (the
+"SLL-ME" baseline of Chen et al. 2018's sequence-level exploration).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..decoding import (
-    GeneratedCaptions,
     caption_token_mask,
     image_inputs_of,
     sample_token_log_probs,
     sample_token_log_probs_and_entropies,
 )
+from ..rl_config import RLCaptionConfig
 from .base import CaptionObjective, register_objective
+from .policy_gradient import greedy_caption_rewards, policy_gradient_loss, sample_and_reward
 
-if TYPE_CHECKING:
-    from ..trainer.rl_trainer import RLCaptionTrainer
-
-__all__ = [
-    "SCSTObjective",
-    "greedy_caption_rewards",
-    "mean_token_entropy",
-    "policy_gradient_loss",
-    "sample_and_reward",
-]
+__all__ = ["SCSTConfig", "SCSTObjective", "mean_token_entropy"]
 
 
-def policy_gradient_loss(
-    token_log_probs: torch.Tensor, token_mask: torch.Tensor, advantages: torch.Tensor, normalization: str
-) -> torch.Tensor:
+@dataclass
+class SCSTConfig(RLCaptionConfig):
     """
-    REINFORCE loss `−Σ_t A · log p(g_t | g_<t, x)` of a batch of sampled captions.
-
-    Args:
-        token_log_probs (`torch.FloatTensor` of shape `(N, T)`): log-probabilities of the sampled tokens.
-        token_mask (`torch.FloatTensor` of shape `(N, T)`): 1 on the caption's tokens (end token included).
-        advantages (`torch.FloatTensor` of shape `(N,)` or `(N, T)`): reward minus baseline, per caption or token.
-        normalization: `token` divides the sum by the number of tokens in the batch, `sequence` by the number of
-            captions.
+    Configuration of `objective="scst"`: the shared fields of [`RLCaptionConfig`] (samples per image, `baseline`,
+    rewards, sampling) and the entropy bonus.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)  # (N, 1), broadcast over tokens
-    # masked_fill, not a product: the log-probability of padding after the end token may be -inf, and 0 * -inf = NaN
-    masked_log_probs = token_log_probs.masked_fill(token_mask == 0, 0.0)
-    weighted = -(advantages.detach() * masked_log_probs)  # (N, T)
-    if normalization == "token":
-        return weighted.sum() / token_mask.sum().clamp(min=1.0)
-    return weighted.sum() / token_log_probs.size(0)
+
+    objective: str = field(default="scst", metadata={"help": "Training objective: `scst`."})
+    entropy_bonus_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "Weight w of a maximum-entropy bonus in `scst`: the loss gets -w * H, H the mean entropy of the "
+            "policy's next-word distributions at the prefixes of the sampled captions. 1e-2 gives the SLL-ME "
+            "baseline of Chen & Jin 2020; 0 disables it."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.entropy_bonus_weight < 0:
+            raise ValueError(f"entropy_bonus_weight must be >= 0 (0 disables it), got {self.entropy_bonus_weight}.")
+        if self.entropy_bonus_weight > 0 and self.objective != "scst":
+            raise ValueError(
+                f"entropy_bonus_weight={self.entropy_bonus_weight} applies to objective='scst' only, got "
+                f"objective={self.objective!r}; set it to 0 or train with scst."
+            )
 
 
 def mean_token_entropy(token_entropies: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
@@ -68,46 +66,15 @@ def mean_token_entropy(token_entropies: torch.Tensor, token_mask: torch.Tensor) 
     return token_entropies.masked_fill(token_mask == 0, 0.0).sum() / token_mask.sum().clamp(min=1.0)
 
 
-def sample_and_reward(
-    trainer: RLCaptionTrainer, inputs: dict[str, Any], num_samples: int
-) -> tuple[GeneratedCaptions, torch.LongTensor, np.ndarray]:
-    """
-    Samples `num_samples` captions per image of the batch from the current policy (evaluation mode, the trainer's
-    sampling settings) and scores them with the trainer's rewards, logged under `reward`.
-
-    Returns:
-        `tuple`: the [`GeneratedCaptions`] (`batch_size * num_samples` rows, grouped by image), the batch row of each
-        caption's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`) and their rewards (`np.ndarray`
-        of the same shape).
-    """
-    batch_size = len(inputs["references"])
-    samples = trainer.sample_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
-    sample_index = torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)
-    rewards = trainer.compute_rewards(samples.texts, inputs, row_index=sample_index.tolist())
-    return samples, sample_index, rewards
-
-
-def greedy_caption_rewards(trainer: RLCaptionTrainer, inputs: dict[str, Any]) -> np.ndarray:
-    """
-    The self-critical baseline: the reward of every image's greedy caption, logged under `greedy`.
-
-    Returns:
-        `np.ndarray` of shape `(batch_size,)`.
-    """
-    greedy = trainer.greedy_captions(image_inputs_of(inputs))
-    return trainer.compute_rewards(
-        greedy.texts, inputs, row_index=list(range(len(inputs["references"]))), log_prefix="greedy"
-    )
-
-
 @register_objective
 class SCSTObjective(CaptionObjective):
     """
     Samples `num_samples_per_image` captions per image, scores them with the trainer's rewards, and applies
     REINFORCE with the `baseline` of the config: the greedy caption's reward (self-critical), the mean reward of the
     image's other samples ("new self-critical"), or none. With `entropy_bonus_weight` w > 0, the loss also gets
-    `−w · H`, H the mean entropy of the policy's next-token distributions at the samples' prefixes: seed 002's
-    "SLL-ME" baseline (maximum-entropy regularisation of the policy, w = 1e-2); without it, SCST is its "SLL".
+    `−w · H`, H the mean entropy of the policy's next-token distributions at the samples' prefixes: the "SLL-ME"
+    baseline of Chen & Jin 2020 (maximum-entropy regularisation of the policy, w = 1e-2); without it, SCST is their
+    "SLL".
 
     Sampling and scoring both run in evaluation mode (no dropout), so that at `temperature=1` without `top_k` or
     `top_p` the log-probabilities are exactly those of the distribution that drew the samples; dropout then does not
@@ -116,6 +83,7 @@ class SCSTObjective(CaptionObjective):
     """
 
     name = "scst"
+    config_class = SCSTConfig
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer

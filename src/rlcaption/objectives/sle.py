@@ -1,5 +1,5 @@
 """
-Sequence-level exploration (seed 002; SPEC.md "Seed 002", eqs. 8 and 13-16): policy gradient on
+Sequence-level exploration (Chen & Jin 2020, eqs. 8 and 13-16): policy gradient on
 `α E[Δ(y)] + (1 − α) E_{y,y'}[d(y, y')]`, the precision of sampled captions (a reward, CIDEr-D by default) plus the
 distance between two independent samples of the same image, so that the policy explores captions that are right and
 differ from each other.
@@ -7,6 +7,7 @@ differ from each other.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,18 +15,19 @@ import torch
 from torch import nn
 
 from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
-from ..metrics.diversity import pairwise_caption_distances
+from ..metrics.diversity import PAIRWISE_DISTANCES, pairwise_caption_distances
 from .base import CaptionObjective, register_objective
-from .scst import greedy_caption_rewards, policy_gradient_loss, sample_and_reward
+from .policy_gradient import greedy_caption_rewards, policy_gradient_loss, sample_and_reward
+from .scst import SCSTConfig
 
-__all__ = ["SLEObjective", "sequence_level_exploration_advantages", "sequence_level_exploration_loss"]
+__all__ = ["SLEConfig", "SLEObjective", "sequence_level_exploration_advantages", "sequence_level_exploration_loss"]
 
 
 def sequence_level_exploration_advantages(
     rewards: torch.Tensor, greedy_rewards: torch.Tensor, distances: torch.Tensor, alpha: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """
-    The multiplier of `−log p(ỹ_j)` in seed 002's surrogate loss (eq. 16), `α · precision + (1 − α) · diversity`,
+    The multiplier of `−log p(ỹ_j)` in Chen & Jin's surrogate loss (eq. 16), `α · precision + (1 − α) · diversity`,
     and its two terms, each with its baseline:
 
     - Precision: `Δ(ỹ_j) − b_p`, with `b_p = Δ(greedy caption)`.
@@ -59,10 +61,10 @@ def sequence_level_exploration_advantages(
             f"for {batch_size} images of {num_samples} samples, got {tuple(rewards.shape)} and "
             f"{tuple(greedy_rewards.shape)}."
         )
-    # seed 002, eq. 16: precision term with the greedy caption's reward as baseline
+    # Chen & Jin 2020, eq. 16: precision term with the greedy caption's reward as baseline
     precision = rewards - greedy_rewards.repeat_interleave(num_samples)  # (B*s,)
 
-    # seed 002, eqs. 13-16: diversity term over the ordered pairs of distinct samples, mean-distance baseline.
+    # Chen & Jin 2020, eqs. 13-16: diversity term over the ordered pairs of distinct samples, mean-distance baseline.
     # Why not eq. 16's `(2 / s) Σ_k` over every k: the diversity term E_{y,y'}[d(y, y')] depends on θ through both
     # captions, so its gradient is E[(d(y, y') + d(y', y)) ∇log p(y)] (eq. 13); eq. 14 writes it 2 E[d(y, y')
     # ∇log p(y)], which assumes a symmetric d, but the BLEU distance is not symmetric (brevity penalty): hence both
@@ -91,7 +93,7 @@ def sequence_level_exploration_loss(
     normalization: str,
 ) -> torch.Tensor:
     """
-    Seed 002's surrogate loss (eqs. 15-16) of a batch of images with `s` samples each:
+    Chen & Jin's surrogate loss (eqs. 15-16) of a batch of images with `s` samples each:
     `(1/s) Σ_j −[α (Δ(ỹ_j) − b_p) + (1 − α) A_d(ỹ_j)] log p(ỹ_j)`, the diversity advantage `A_d` of
     [`sequence_level_exploration_advantages`], averaged over images (`normalization="sequence"`) or over tokens.
 
@@ -109,12 +111,50 @@ def sequence_level_exploration_loss(
     return policy_gradient_loss(log_probs, mask, advantages.to(log_probs.dtype), normalization)
 
 
+@dataclass
+class SLEConfig(SCSTConfig):
+    """
+    Configuration of `objective="sle"`, and of its baselines SLL (`objective="scst"`) and SLL-ME (`scst` with
+    `entropy_bonus_weight`), so that one recipe runs the paper's comparison.
+    """
+
+    objective: str = field(default="sle", metadata={"help": "Training objective: `sle`, or `scst` for SLL / SLL-ME."})
+    sle_alpha: float = field(
+        default=0.75,
+        metadata={
+            "help": "Weight α of precision (the rewards) against diversity (the distances between an image's "
+            "`num_samples_per_image` samples) in the `sle` loss, Chen & Jin's eqs. 15-16: 1 is SCST with the greedy "
+            "baseline, 0 trains for diversity alone. The paper uses 0.75."
+        },
+    )
+    sle_distance: str = field(
+        default="bleu",
+        metadata={
+            "help": "Distance d between two samples of an image in `sle`: `bleu`, 1 - (BLEU-3 + BLEU-4) / 2 of one "
+            "caption against the other as its single reference (the paper's), or `edit`, the word-level edit "
+            "distance divided by the longer caption's length."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.sle_alpha <= 1.0:
+            raise ValueError(f"sle_alpha must be in [0, 1] (1 is precision only), got {self.sle_alpha}.")
+        if self.sle_distance not in PAIRWISE_DISTANCES:
+            raise ValueError(f"sle_distance={self.sle_distance!r} is not one of {PAIRWISE_DISTANCES}.")
+        if self.objective == "sle" and self.num_samples_per_image < 2:
+            raise ValueError(
+                f"objective='sle' compares the samples of each image with each other: it needs "
+                f"num_samples_per_image >= 2, got {self.num_samples_per_image} (the paper uses 5)."
+            )
+
+
 @register_objective
 class SLEObjective(CaptionObjective):
     """
-    Sequence-level exploration (seed 002): samples `num_samples_per_image` captions per image (s, 5 in the paper),
-    scores their precision with the trainer's rewards against the greedy caption's reward, and their diversity with
-    the `sle_distance` between every two samples of the image against the mean distance, weighted by `sle_alpha`
+    Sequence-level exploration (Chen & Jin 2020): samples `num_samples_per_image` captions per image (s, 5 in the
+    paper), scores their precision with the trainer's rewards against the greedy caption's reward, and their diversity
+    with the `sle_distance` between every two samples of the image against the mean distance, weighted by `sle_alpha`
     (see [`sequence_level_exploration_loss`]).
 
     Samples are drawn and scored in evaluation mode, as [`SCSTObjective`] does. Besides the rewards (`reward`,
@@ -123,6 +163,7 @@ class SLEObjective(CaptionObjective):
     """
 
     name = "sle"
+    config_class = SLEConfig
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer

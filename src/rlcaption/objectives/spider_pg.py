@@ -1,6 +1,6 @@
 """
-SPIDEr policy gradient (seed 000; Liu et al., "Improved Image Captioning via Policy Gradient optimization of SPIDEr",
-ICCV 2017; SPEC.md "Seed 000").
+SPIDEr policy gradient (Liu et al., "Improved Image Captioning via Policy Gradient optimization of SPIDEr",
+ICCV 2017).
 
 For each image, M captions `g_{1:T}` are sampled from the policy. For every step t of a sampled caption, K Monte-Carlo
 rollouts continue the prefix `g_{1:t}` with the current policy and
@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,11 +39,13 @@ from ..decoding import (
     selective_log_softmax,
 )
 from ..models.show_tell_rl import CACHE_NAME
+from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
-from .scst import policy_gradient_loss
+from .policy_gradient import policy_gradient_loss
 
 __all__ = [
     "Rollouts",
+    "SpiderPGConfig",
     "SpiderPGBaseline",
     "SpiderPGObjective",
     "monte_carlo_q_values",
@@ -52,6 +54,71 @@ __all__ = [
     "sample_rollouts_per_prefix",
     "spider_pg_losses",
 ]
+
+
+@dataclass
+class SpiderPGConfig(RLCaptionConfig):
+    """
+    Configuration of `objective="spider_pg"` (Liu et al. 2017): sampled paths, Monte-Carlo rollouts and the learned
+    baseline, besides the shared fields of [`RLCaptionConfig`].
+    """
+
+    objective: str = field(default="spider_pg", metadata={"help": "Training objective: `spider_pg`."})
+    num_paths_per_image: int = field(
+        default=1,
+        metadata={
+            "help": "Captions sampled per image and step by `spider_pg` (M in Liu et al. 2017, who use 1), each "
+            "continued by `num_rollouts` rollouts from every prefix; `scst` samples `num_samples_per_image`."
+        },
+    )
+    num_rollouts: int = field(
+        default=3,
+        metadata={
+            "help": "Monte-Carlo rollouts continued from every prefix of a sampled caption by `spider_pg` to estimate "
+            "Q (K in Liu et al. 2017, who use 3)."
+        },
+    )
+    baseline_loss_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Weight of the baseline's mean squared error in the `spider_pg` loss. Only the baseline receives "
+            "this gradient; with Adam its step size is set by `learning_rate`, not by this weight."
+        },
+    )
+
+    baseline_pretraining_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Optimizer steps at the start of `spider_pg` that fit the baseline to Q with the policy fixed, "
+            "so that joint training starts with a baseline that explains Q (an untrained one only adds noise)."
+        },
+    )
+    baseline_hidden_size: int = field(
+        default=512,
+        metadata={"help": "Hidden width of the `spider_pg` baseline, an MLP on the captioner's hidden state."},
+    )
+    baseline_learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "Learning rate of the `spider_pg` baseline (its own optimizer parameter group, no weight decay); "
+            "`learning_rate` when unset. The baseline is a regression that can learn faster than the policy."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_paths_per_image < 1:
+            raise ValueError(f"num_paths_per_image must be >= 1 for spider_pg, got {self.num_paths_per_image}.")
+        if self.num_rollouts < 1:
+            raise ValueError(f"num_rollouts must be >= 1 for spider_pg, got {self.num_rollouts}.")
+        if self.baseline_loss_weight < 0:
+            raise ValueError(f"baseline_loss_weight must be >= 0, got {self.baseline_loss_weight}.")
+        if self.baseline_pretraining_steps < 0:
+            raise ValueError(f"baseline_pretraining_steps must be >= 0, got {self.baseline_pretraining_steps}.")
+        if self.baseline_hidden_size < 1:
+            raise ValueError(f"baseline_hidden_size must be >= 1, got {self.baseline_hidden_size}.")
+        if self.baseline_learning_rate is not None and self.baseline_learning_rate <= 0:
+            raise ValueError(f"baseline_learning_rate must be > 0 or None, got {self.baseline_learning_rate}.")
 
 
 @dataclass
@@ -269,7 +336,7 @@ def spider_pg_losses(
     normalization: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """
-    The two terms of the seed 000 loss.
+    The two terms of the Liu et al. 2017 loss.
 
     Args:
         token_log_probs (`torch.FloatTensor` of shape `(N, T)`): log π(g_t | s_t) of the sampled tokens (with grad).
@@ -292,7 +359,7 @@ def spider_pg_losses(
 
 class SpiderPGBaseline(nn.Module):
     """
-    Seed 000's baseline `B_phi(s_t)`: an MLP from the captioner's hidden state after each token to a scalar.
+    Liu et al.'s baseline `B_phi(s_t)`: an MLP from the captioner's hidden state after each token to a scalar.
 
     Its input is detached, so its regression loss trains only this network, never the captioner.
 
@@ -315,10 +382,10 @@ class SpiderPGBaseline(nn.Module):
 @register_objective
 class SpiderPGObjective(CaptionObjective):
     """
-    Seed 000 policy gradient: `num_paths_per_image` (M) sampled captions per image, `num_rollouts` (K) Monte-Carlo
-    rollouts from each of their prefixes to estimate Q, the baseline ([`SpiderPGBaseline`]) fitted to Q, and the loss
-    `policy_loss + baseline_loss_weight * baseline_loss` ([`spider_pg_losses`]). Rewards are the trainer's weighted
-    mix (SPIDEr in the paper; `reward_funcs`).
+    Liu et al. 2017 policy gradient: `num_paths_per_image` (M) sampled captions per image, `num_rollouts` (K)
+    Monte-Carlo rollouts from each of their prefixes to estimate Q, the baseline ([`SpiderPGBaseline`]) fitted to Q,
+    and the loss `policy_loss + baseline_loss_weight * baseline_loss` ([`spider_pg_losses`]). Rewards are the trainer's
+    weighted mix (SPIDEr in the paper; `reward_funcs`).
 
     The baseline receives gradient only from its squared error (its input is detached) and the LSTM only from the
     policy term, so one optimizer trains both. With Adam the baseline's step size is its learning rate whatever
@@ -336,17 +403,12 @@ class SpiderPGObjective(CaptionObjective):
     """
 
     name = "spider_pg"
+    config_class = SpiderPGConfig
 
     def __init__(self, trainer):
         super().__init__(trainer)
         args = self.args
-        if args.num_paths_per_image < 1:
-            raise ValueError(f"num_paths_per_image must be >= 1 for spider_pg, got {args.num_paths_per_image}.")
-        if args.num_rollouts < 1:
-            raise ValueError(f"num_rollouts must be >= 1 for spider_pg, got {args.num_rollouts}.")
-        if args.baseline_loss_weight < 0:
-            raise ValueError(f"baseline_loss_weight must be >= 0, got {args.baseline_loss_weight}.")
-        model = trainer.accelerator.unwrap_model(trainer.model)
+        model = trainer.unwrap_model(trainer.model)
         missing = [name for name in ("prefix_states", "step") if not callable(getattr(model, name, None))]
         if "output_hidden_states" not in inspect.signature(model.forward).parameters:
             missing.append("forward(output_hidden_states=...)")
@@ -371,7 +433,7 @@ class SpiderPGObjective(CaptionObjective):
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer
-        policy = trainer.accelerator.unwrap_model(model)
+        policy = trainer.unwrap_model(model)
         image_inputs = image_inputs_of(inputs)
         references = inputs["references"]
         num_paths = args.num_paths_per_image

@@ -1,6 +1,6 @@
 """
-WTF-RL: CLIP-guided RL with ground-truth captions (seed 003; Chaffin et al., "Distinctive Image Captioning:
-Leveraging Ground Truth Captions in CLIP Guided Reinforcement Learning"; SPEC.md "Seed 003").
+WTF-RL: CLIP-guided RL with ground-truth captions (Chaffin et al., "Distinctive Image Captioning:
+Leveraging Ground Truth Captions in CLIP Guided Reinforcement Learning").
 
 For every image of a batch the policy's beam-search caption `x_bs` and greedy caption `x_gs`, and one ground-truth
 caption `x_gt`, are embedded by a fixed CLIP. A caption's reward is
@@ -51,7 +51,7 @@ Choices where the paper leaves a detail open:
   and the Trainer's single optimizer step updates both. The paper updates D at the start of an iteration; here the
   rewards use D as it is at the start of the step, one update behind, so that a batch is one optimizer step.
 - Each process contrasts its own per-device batch (`T` and `I` are per process).
-- The discriminator reads the text embedding alone, as SPEC.md states; the authors' code feeds it the image
+- The discriminator reads the text embedding alone, as the paper states; the authors' code feeds it the image
   embedding concatenated with the text's.
 """
 
@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -68,12 +68,14 @@ from torch import nn
 
 from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs, token_log_probs
 from ..rewards.contrastive import ContrastiveReward, ContrastiveRewards
+from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 
 __all__ = [
     "MINED_NEIGHBOURS_NAME",
     "WTF_VARIANTS",
     "Discriminator",
+    "WTFConfig",
     "WTFObjective",
     "WTFRewardParts",
     "wtf_loss",
@@ -85,9 +87,113 @@ WTF_VARIANTS = ("wtf_rl", "wtf", "rl", "rl_unidirectional", "scst_discriminator"
 MINED_NEIGHBOURS_NAME = "mined_neighbours.safetensors"
 
 
+@dataclass
+class WTFConfig(RLCaptionConfig):
+    """
+    Configuration of `objective="wtf"` (WTF-RL, Chaffin et al. 2022): the Table 1 variant, the reward CLIP and the
+    contrastive reward, and the discriminator, besides the shared fields of [`RLCaptionConfig`].
+    """
+
+    objective: str = field(default="wtf", metadata={"help": "Training objective: `wtf`."})
+    wtf_variant: str = field(
+        default="wtf_rl",
+        metadata={
+            "help": "Which trajectories `wtf` trains on (Chaffin et al.'s Table 1): `wtf_rl` (eq. 3: the beam-search "
+            "caption by RL plus the reward-weighted ground-truth caption), `wtf` (the weighted ground truth only), "
+            "`rl` (the beam-search caption only), `rl_unidirectional` (`rl` with the image-to-text part r_i2t only), "
+            "`scst_discriminator` (`rl` with the CLIP similarity minus the greedy caption's as similarity reward) "
+            "or `tf` (unweighted teacher forcing of the ground truth, the control)."
+        },
+    )
+    wtf_alpha: float = field(
+        default=0.94,
+        metadata={
+            "help": "α of Chaffin et al.'s reward `α · r_bicont + (1 − α) · p_D`: the contrastive CLIP reward against "
+            "the discriminator's probability that the caption is human-written. The paper uses 0.94."
+        },
+    )
+    wtf_num_beams: int = field(
+        default=5,
+        metadata={"help": "Beam size of the beam-search caption `wtf` trains on and the discriminator sees."},
+    )
+    reward_clip: str | None = field(
+        default=None,
+        metadata={
+            "help": "The fixed CLIP (local folder or Hub id) of the `wtf` rewards, e.g. "
+            "`checkpoints/shapes-clip-reward`: it embeds captions for the contrastive reward and the discriminator, "
+            "and mines the training images' neighbours."
+        },
+    )
+    contrastive_temperature: float | None = field(
+        default=None,
+        metadata={
+            "help": "τ of Chaffin et al.'s contrastive reward (eq. 2). The paper gives no value; by default the "
+            "reward CLIP's own learned temperature `1 / exp(logit_scale)` (0.01 for OpenAI CLIP, as the authors' code "
+            "uses), so that the reward follows the contrastive objective the CLIP was trained with."
+        },
+    )
+    num_mined_neighbours: int = field(
+        default=5,
+        metadata={
+            "help": "Most similar training images (CLIP image space, mined once before training and kept in "
+            "`<output_dir>/mined_neighbours.safetensors`) added for each batch image to the images of `wtf`'s "
+            "text-to-image reward; 0 uses the batch's images only."
+        },
+    )
+    discriminator_learning_rate: float = field(
+        default=7e-5,
+        metadata={
+            "help": "Learning rate of the `wtf` discriminator (its own optimizer parameter group, no weight decay), "
+            "scheduled like `learning_rate`; 7e-5 as in the authors' code."
+        },
+    )
+    discriminator_pretraining_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Optimizer steps at the start of `wtf` that train only the discriminator, to tell the ground "
+            "truth from the fixed policy's beam-search captions (the paper pretrains it so that it guides the policy "
+            "from the first step); then both train. 0: joint from the first step."
+        },
+    )
+    discriminator_hidden_size: int = field(
+        default=512,
+        metadata={"help": "Hidden width of the `wtf` discriminator, a 3-layer MLP on the CLIP text embedding."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.wtf_variant not in WTF_VARIANTS:
+            raise ValueError(f"wtf_variant={self.wtf_variant!r} is not one of {WTF_VARIANTS}.")
+        if not 0.0 <= self.wtf_alpha <= 1.0:
+            raise ValueError(f"wtf_alpha weighs two rewards and must be in [0, 1], got {self.wtf_alpha}.")
+        if self.wtf_num_beams < 1:
+            raise ValueError(f"wtf_num_beams must be >= 1, got {self.wtf_num_beams}.")
+        if self.reward_clip is not None and not self.reward_clip:
+            raise ValueError("reward_clip='' names no CLIP: give a folder or Hub id (checkpoints/shapes-clip-reward).")
+        if self.objective == "wtf" and self.reward_clip is None:
+            raise ValueError(
+                "objective='wtf' rewards captions with a CLIP: set reward_clip to a folder or Hub id (e.g. "
+                "checkpoints/shapes-clip-reward)."
+            )
+        if self.contrastive_temperature is not None and self.contrastive_temperature <= 0:
+            raise ValueError(
+                f"contrastive_temperature must be > 0, or None for the CLIP's own; got {self.contrastive_temperature}."
+            )
+        if self.num_mined_neighbours < 0:
+            raise ValueError(f"num_mined_neighbours must be >= 0, got {self.num_mined_neighbours}.")
+        if self.discriminator_learning_rate <= 0:
+            raise ValueError(f"discriminator_learning_rate must be > 0, got {self.discriminator_learning_rate}.")
+        if self.discriminator_pretraining_steps < 0:
+            raise ValueError(
+                f"discriminator_pretraining_steps must be >= 0, got {self.discriminator_pretraining_steps}."
+            )
+        if self.discriminator_hidden_size < 1:
+            raise ValueError(f"discriminator_hidden_size must be >= 1, got {self.discriminator_hidden_size}.")
+
+
 class Discriminator(nn.Module):
     """
-    Seed 003's discriminator D: a 3-layer MLP from a frozen CLIP text embedding to the logit of P(human-written).
+    Chaffin et al.'s discriminator D: a 3-layer MLP from a frozen CLIP text embedding to the logit of P(human-written).
 
     Args:
         embedding_size (`int`): width of the CLIP's text embeddings.
@@ -149,7 +255,7 @@ def wtf_rewards(parts: WTFRewardParts, variant: str, alpha: float) -> tuple[torc
         raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
     if variant == "tf":
         return None, torch.ones_like(parts.ground_truth_discriminator)
-    # seed 003, eq. 3: r(x) = α · r_sim(x) + (1 − α) · p_D(x), r_sim per variant (Table 1)
+    # Chaffin et al. 2022, eq. 3: r(x) = α · r_sim(x) + (1 − α) · p_D(x), r_sim per variant (Table 1)
     beam_similarity = {
         "wtf_rl": parts.beam.combined("both"),
         "rl": parts.beam.combined("both"),
@@ -175,8 +281,8 @@ def wtf_loss(
     normalization: str,
 ) -> torch.Tensor:
     """
-    Seed 003's loss (eq. 3) of a batch: `Σ_images −[r(x_bs) log p(x_bs) + r(x_gt) log p(x_gt)]`, over the trajectories
-    whose rewards are given, with `log p(x) = Σ_t log p(x_t | x_<t, image)`.
+    Chaffin et al.'s loss (eq. 3) of a batch: `Σ_images −[r(x_bs) log p(x_bs) + r(x_gt) log p(x_gt)]`, over the
+    trajectories whose rewards are given, with `log p(x) = Σ_t log p(x_t | x_<t, image)`.
 
     Args:
         beam_log_probs, ground_truth_log_probs (`torch.FloatTensor` of shape `(batch_size, T)`, *optional*):
@@ -217,7 +323,7 @@ def wtf_loss(
 @register_objective
 class WTFObjective(CaptionObjective):
     """
-    Seed 003's WTF-RL and its Table 1 variants (`wtf_variant`; see the module docstring): beam-search captions
+    Chaffin et al.'s WTF-RL and its Table 1 variants (`wtf_variant`; see the module docstring): beam-search captions
     (`wtf_num_beams`) and ground-truth captions weighted by `wtf_alpha` · the contrastive CLIP reward of `reward_clip`
     (temperature `contrastive_temperature`, `num_mined_neighbours` mined images per batch image) + (1 − `wtf_alpha`)
     · the discriminator's probability, with a `discriminator_pretraining_steps` phase that trains D alone first.
@@ -233,6 +339,7 @@ class WTFObjective(CaptionObjective):
     """
 
     name = "wtf"
+    config_class = WTFConfig
     uses_rewards = False
 
     def __init__(self, trainer):

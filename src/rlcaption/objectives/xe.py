@@ -1,4 +1,4 @@
-"""Teacher forcing with cross-entropy ("XE"/"MLE"): the warm start of every RL method (SPEC.md, common ground)."""
+"""Teacher forcing with cross-entropy ("XE"/"MLE"): the warm start of every RL method."""
 
 from __future__ import annotations
 

@@ -75,12 +75,10 @@ class GroupRewardFunc(Protocol):
 def is_group_reward(func: Any) -> bool:
     """Whether `func` scores groups of completions (has a callable `score_groups`, see `GroupRewardFunc`).
 
-    A `RewardMix` is not one: its `score_groups` returns the weighted total and each reward's values, and a mix inside
-    a mix is handled by the outer mix.
+    A `RewardMix` is not one (it says so with `mixes_rewards`): its `score_groups` returns the weighted total and each
+    reward's values, and a mix inside a mix is handled by the outer mix.
     """
-    from .mix import RewardMix  # the mix module imports this one
-
-    return callable(getattr(func, "score_groups", None)) and not isinstance(func, RewardMix)
+    return callable(getattr(func, "score_groups", None)) and not getattr(func, "mixes_rewards", False)
 
 
 def prepare_reward(func: Any, train_dataset: Any, processor: Any = None) -> None:

@@ -1,6 +1,6 @@
 """
-The decoupled bidirectional contrastive reward of WTF-RL (seed 003, eq. 2; Chaffin et al., "Distinctive Image
-Captioning: Leveraging Ground Truth Captions in CLIP Guided Reinforcement Learning"; SPEC.md "Seed 003").
+The decoupled bidirectional contrastive reward of WTF-RL (Chaffin et al. 2022, eq. 2; Chaffin et al., "Distinctive
+Image Captioning: Leveraging Ground Truth Captions in CLIP Guided Reinforcement Learning").
 
 For a caption `x_c` of image `i_c`, a set of texts `T`, a set of images `I`, the cosine similarity
 `s(x, i) = f^T(x) · f^I(i)` of a fixed CLIP and a temperature τ:
@@ -90,7 +90,7 @@ def decoupled_contrastive_rewards(
     temperature: float,
 ) -> ContrastiveRewards:
     """
-    Seed 003's eq. 2 for every text of `T`: `r_i2t` over the other texts of `T`, `r_t2i` over the other images of
+    Chaffin et al.'s eq. 2 for every text of `T`: `r_i2t` over the other texts of `T`, `r_t2i` over the other images of
     `I`, both with the positive excluded from the log-sum-exp, computed in float64.
 
     Args:
@@ -215,8 +215,8 @@ class MinedNeighbours:
 @register_reward("clip_contrastive")
 class ContrastiveReward:
     """
-    Seed 003's decoupled bidirectional contrastive reward (eq. 2) of every completion, over the set of all completions
-    of the call and the set of the batch's images plus their mined neighbours.
+    Chaffin et al.'s decoupled bidirectional contrastive reward (eq. 2) of every completion, over the set of all
+    completions of the call and the set of the batch's images plus their mined neighbours.
 
     Args:
         model (`str`, `os.PathLike` or `(model, processor)`): the fixed CLIP, as for [`ClipScoreReward`].

@@ -28,6 +28,9 @@ class RewardMix:
     The logging name of each function is `reward_name(func)`; a name used twice gets a `_2`, `_3`, ... suffix.
     """
 
+    # not a group reward itself, although it has `score_groups` (see `is_group_reward`)
+    mixes_rewards = True
+
     def __init__(self, funcs: Sequence[RewardFunc | GroupRewardFunc | str], weights: Sequence[float] | None = None):
         if isinstance(funcs, str) or callable(funcs) or is_group_reward(funcs):
             funcs = [funcs]
@@ -167,6 +170,7 @@ class RewardMix:
         def locate(row: int) -> str:
             image = int(image_of[row])
             return f"{label(image)} completion {row - offsets[image]} ({flat_completions[row]!r})"
+
         flat_references = None if references is None else [references[image] for image in image_of]
         repeated, arrays = {}, {}
         for column, value in image_columns.items():

@@ -35,7 +35,7 @@ from ..evaluation import (
 from ..metrics import check_java, check_spice, evaluate_captions, load_clip
 from ..metrics.evaluation import resolve_metric_names
 from ..objectives.xe import label_smoothed_cross_entropy
-from .rl_config import SET_DIVERSITY_METRICS, split_eval_metrics
+from ..rl_config import SET_DIVERSITY_METRICS, split_eval_metrics
 
 __all__ = ["CaptionEvaluationMixin", "CaptionedSplit"]
 
@@ -98,7 +98,7 @@ class CaptionEvaluationMixin:
         `f"{metric_key_prefix}_{name}"`: `loss` (the teacher-forced cross-entropy of the references, as the `xe`
         objective computes it), the `args.eval_metrics` (caption and diversity metrics), the scene grounding metrics
         (`object_f1`, ...) when the split has a `scene` column, CLIP-S and retrieval recall with `args.eval_clip`,
-        the scores of `args.eval_caption_sets` (several captions per image, seed 002's Table 4: `sample5_CIDEr`,
+        the scores of `args.eval_caption_sets` (several captions per image, Chen & Jin's Table 4: `sample5_CIDEr`,
         `beam5_Div-2`, ...) and `num_images`. A dict of splits is evaluated split by split, each prefixed with its
         name.
         """

@@ -24,14 +24,13 @@ from ..decoding import GeneratedCaptions, generate_captions
 from ..hub import HUB_CONNECTION_ERRORS
 from ..objectives.base import AuxiliaryNetwork, get_objective_class
 from ..rewards import RewardMix, get_reward, is_group_reward, reward_parameters
+from ..rl_config import RLCaptionConfig
 from .caption_evaluation import CaptionEvaluationMixin
-from .rl_config import RLCaptionConfig
 
 __all__ = [
     "AUXILIARY_NETWORKS_NAME",
     "RLCaptionTrainer",
     "check_data_parallel",
-    "forward_through",
     "last_complete_checkpoint",
 ]
 
@@ -69,37 +68,6 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
             f"Skipping incomplete checkpoint {folder} (no {_CHECKPOINT_COMPLETE_MARKER}; interrupted save)."
         )
     return None
-
-
-def forward_through(wrapped: nn.Module, method: str, *args: Any, **kwargs: Any) -> Any:
-    """
-    Calls `method` of the network inside `wrapped` (a DDP or accelerate wrapper) through the wrapper's `forward`.
-
-    DDP synchronises the gradients of what runs inside its `forward` only; a method called on the unwrapped network
-    (differentiable decoding, a value estimate) would leave each process with its own gradients. Without a wrapper
-    (one process) this is the plain method call.
-    """
-    module = getattr(wrapped, "module", wrapped)
-    target = getattr(module, method)
-    if module is wrapped:
-        return target(*args, **kwargs)
-    instance_forward = module.__dict__.get("forward")  # accelerate's mixed-precision forward, when there is one
-
-    def restore_forward() -> None:
-        if instance_forward is None:
-            module.__dict__.pop("forward", None)
-        else:
-            module.forward = instance_forward
-
-    def forward_once(*call_args: Any, **call_kwargs: Any) -> Any:
-        restore_forward()  # the method may call the module's own forward
-        return target(*call_args, **call_kwargs)
-
-    module.forward = forward_once
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        restore_forward()
 
 
 def check_data_parallel(accelerator_state: Any) -> None:
@@ -231,6 +199,10 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
                 raise ValueError(f"{where} shares parameters with the model; they would be optimised twice.")
             network.module.to(self.args.device)
         return dict(networks)
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The network inside a DDP or mixed-precision wrapper (itself without one)."""
+        return self.accelerator.unwrap_model(model)
 
     def auxiliary_network(self, name: str) -> nn.Module:
         """
@@ -413,8 +385,8 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
     def beam_search_captions(self, image_inputs: Mapping[str, torch.Tensor], num_beams: int) -> GeneratedCaptions:
         """
-        The best caption of a beam search of width `num_beams` for every image (the trajectory seed 003 trains on),
-        of at most `args.max_caption_length` tokens; the model's own generation settings are ignored, as in
+        The best caption of a beam search of width `num_beams` for every image (the trajectory Chaffin et al. 2022
+        trains on), of at most `args.max_caption_length` tokens; the model's own generation settings are ignored, as in
         [`sample_captions`].
         """
         beam_search = GenerationConfig(

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor
 
-import rlcaption.models.auto  # noqa: F401  (registers the Auto classes)
+import rlcaption.auto  # noqa: F401  (registers the Auto classes)
 from rlcaption.captioners import captioner_for
 from rlcaption.models import PolicyValueCaptioner, PolicyValueConfig, ShowTellRL, ShowTellRLConfig
 from rlcaption.models.policy_value import ValueLookaheadLogitsProcessor

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel, AutoProcessor
 
-import rlcaption.models.auto  # noqa: F401  (registers the Auto classes)
+import rlcaption.auto  # noqa: F401  (registers the Auto classes)
 from rlcaption.models.shapes_clip import ShapesCLIPConfig, ShapesCLIPModel
 from rlcaption.processing import CaptionProcessor
 

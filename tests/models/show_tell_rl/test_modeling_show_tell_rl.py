@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
-import rlcaption.models.auto  # noqa: F401  (registers the Auto classes)
+import rlcaption.auto  # noqa: F401  (registers the Auto classes)
 from rlcaption.models.show_tell_rl import CACHE_NAME, ShowTellRL, ShowTellRLConfig, ShowTellRLState
 
 PAD, BOS, EOS = 0, 1, 2
@@ -270,7 +270,7 @@ def test_attention_is_refused_for_precomputed_features():
 
 
 def test_checkpoint_with_the_former_baseline_head_still_loads(tmp_path, caplog):
-    # before seed 000's baseline became an auxiliary network of `spider_pg`, it was saved with the model
+    # before Liu et al.'s baseline became an auxiliary network of `spider_pg`, it was saved with the model
     model = tiny_model()
     model.save_pretrained(tmp_path)
     weights = load_file(str(tmp_path / "model.safetensors"))
@@ -439,7 +439,7 @@ def test_load_by_hub_id_from_local_cache_offline(tmp_path):
     build_local_hub_cache(tmp_path / "hub", "rlcaption-test/show-tell-tiny", tmp_path / "saved")
     script = textwrap.dedent(
         """
-        import torch, rlcaption.models.auto
+        import torch, rlcaption.auto
         from transformers import AutoModel
         model = AutoModel.from_pretrained("rlcaption-test/show-tell-tiny").eval()
         torch.save(model(torch.tensor([[1, 5, 6]]), pixel_values=torch.ones(1, 3, 16, 16)).logits, "{out}")

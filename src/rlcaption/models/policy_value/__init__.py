@@ -1,4 +1,4 @@
-"""PolicyValueCaptioner: the policy network and value network of seed 001, with lookahead decoding."""
+"""PolicyValueCaptioner: the policy network and value network of Ren et al. 2017, with lookahead decoding."""
 
 from .configuration_policy_value import VALUE_ENCODER_TYPES, PolicyValueConfig
 from .modeling_policy_value import (

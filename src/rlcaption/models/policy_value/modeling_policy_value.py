@@ -1,5 +1,5 @@
-"""PolicyValueCaptioner: the policy network and value network of seed 001 (Ren et al., CVPR 2017, "Deep Reinforcement
-Learning-based Image Captioning with Embedding Reward"; SPEC.md "Seed 001") as a `transformers` model.
+"""PolicyValueCaptioner: the policy network and value network of Ren et al. (CVPR 2017), "Deep Reinforcement
+Learning-based Image Captioning with Embedding Reward") as a `transformers` model.
 
 The policy `p_π(a_t | s_t)` is a [`ShowTellRL`] captioner: `generate`, `forward` and `caption_log_probs` of a
 PolicyValueCaptioner are the policy's, so every objective and evaluation that captions works on it unchanged. The
@@ -48,7 +48,7 @@ NextTokenValues = Callable[[torch.LongTensor, torch.LongTensor], tuple[torch.Flo
 
 class ValueNetwork(nn.Module):
     """
-    Seed 001's value network `v(s_t)` (Fig. 3): the final reward expected from the partial caption `s_t` of an image.
+    Ren et al.'s value network `v(s_t)` (Fig. 3): the final reward expected from the partial caption `s_t` of an image.
 
     The image goes through the network's own encoder (a CNN like the policy's, or the policy's precomputed features),
     a linear map and a LayerNorm; the partial caption through the network's own word embeddings and a GRU from a zero
@@ -243,7 +243,7 @@ class PolicyValuePreTrainedModel(PreTrainedModel):
 
 class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, PolicyValuePreTrainedModel, GenerationMixin):
     """
-    Seed 001's policy network ([`ShowTellRL`], `self.policy`) and value network ([`ValueNetwork`],
+    Ren et al.'s policy network ([`ShowTellRL`], `self.policy`) and value network ([`ValueNetwork`],
     `self.value_network`).
 
     Captioning is the policy's: `model.generate(pixel_values=...)` (greedy, sampling, beams),
@@ -274,7 +274,7 @@ class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, Policy
 
         When the policy's CNN encoder is fixed (pretrained, e.g. on the shapes scene annotations), the value network's
         encoder starts as a copy of it and stays fixed, as the listener's does in [`SpeakerListener.from_speaker`]:
-        the value network then reads fixed pretrained features, as seed 001's reads a pretrained VGG-16's. The copy
+        the value network then reads fixed pretrained features, as Ren et al.'s reads a pretrained VGG-16's. The copy
         is the value network's own, so the two networks share no weights.
 
         Args:

@@ -1,4 +1,4 @@
-"""ShowTellRL: the Show-and-Tell LSTM captioner of seed 000."""
+"""ShowTellRL: the Show-and-Tell LSTM captioner of Liu et al. 2017."""
 
 from .configuration_show_tell_rl import ShowTellRLConfig
 from .modeling_show_tell_rl import ShowTellRL, ShowTellRLOutput, ShowTellRLPreTrainedModel

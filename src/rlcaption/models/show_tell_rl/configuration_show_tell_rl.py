@@ -1,4 +1,4 @@
-"""Configuration of ShowTellRL, the Show-and-Tell captioner of seed 000 (Liu et al. 2017)."""
+"""Configuration of ShowTellRL, the Show-and-Tell captioner of Liu et al. 2017."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ class ShowTellRLConfig(PretrainedConfig):
         vocab_size (`int`, *optional*, defaults to 1000):
             Size of the word vocabulary, special tokens included (take it from the processor's tokenizer).
         hidden_size (`int`, *optional*, defaults to 512):
-            LSTM state size (512 in seed 000).
+            LSTM state size (512 in Liu et al. 2017).
         word_embedding_size (`int`, *optional*, defaults to 512):
             Size of the word embeddings and of the projected image embedding (both are LSTM inputs).
         num_layers (`int`, *optional*, defaults to 1):
-            Number of stacked LSTM layers (1 in seed 000).
+            Number of stacked LSTM layers (1 in Liu et al. 2017).
         dropout (`float`, *optional*, defaults to 0.5):
             Dropout on the LSTM output before the vocabulary projection, and between stacked LSTM layers.
         encoder_type (`str`, *optional*, defaults to `"cnn"`):

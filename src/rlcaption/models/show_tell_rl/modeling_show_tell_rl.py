@@ -1,11 +1,11 @@
-"""ShowTellRL: the Show-and-Tell captioner of seed 000 (Liu et al. 2017) as a `transformers` model.
+"""ShowTellRL: the Show-and-Tell captioner of Liu et al. 2017 as a `transformers` model.
 
 image -> encoder -> linear -> first LSTM input (the image is fed once, before `<bos>`); then the LSTM reads the words;
 dropout; linear to the vocabulary. With `config.image_attention`, each LSTM output also attends over the encoder's
 feature grid and the word is predicted from both (Show, Attend and Tell). Generation (`model.generate`) runs on a
 recurrent state object ([`ShowTellRLState`]) instead of a key/value cache. The methods used by the RL objectives
 (log-probabilities of given captions, stepping the LSTM, the state after every prefix for Monte-Carlo rollouts, the
-the hidden states seed 000's baseline reads) are plain methods with documented shapes.
+the hidden states Liu et al.'s baseline reads) are plain methods with documented shapes.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ShowTellRLOutput(ModelOutput):
         hidden_states (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`, *optional*,
         returned when `output_hidden_states=True`):
             Top-layer LSTM output for each input token, combined with its attention read-out of the image grid when
-            `config.image_attention` (the input of the vocabulary projection, and of seed 000's baseline).
+            `config.image_attention` (the input of the vocabulary projection, and of Liu et al.'s baseline).
     """
 
     loss: torch.FloatTensor | None = None
@@ -69,7 +69,7 @@ class ShowTellRLPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["ConvImageEncoder"]
     # a recurrent state cannot be rolled back, so assisted generation must refuse this model
     _is_stateful = True
-    # checkpoints written before seed 000's baseline became an auxiliary network of the `spider_pg` objective
+    # checkpoints written before Liu et al.'s baseline became an auxiliary network of the `spider_pg` objective
     _keys_to_ignore_on_load_unexpected = [r"^baseline_head\."]
 
     @torch.no_grad()
@@ -86,7 +86,7 @@ def _is_inside_conv_encoder(model: nn.Module, module: nn.Module) -> bool:
 
 
 class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
-    """Show-and-Tell LSTM captioner (seed 000), with attention over the image grid as an option.
+    """Show-and-Tell LSTM captioner (Liu et al. 2017), with attention over the image grid as an option.
 
     Decode with `model.generate(pixel_values=...)` (or `image_features=...` for the `"features"` encoder): greedy,
     sampling (`do_sample`, `temperature`, `top_k`, `top_p`), beam search (`num_beams`) and `num_return_sequences`
@@ -482,69 +482,6 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         logits = self._vocabulary_scores(top_hidden)  # (B, V)
         return logits, top_hidden, next_state
 
-    def decode_with_word_passing(
-        self,
-        pixel_values: torch.FloatTensor | None = None,
-        image_features: torch.FloatTensor | None = None,
-        mode: str = "psst",
-        max_length: int | None = None,
-        rho: float = 0.25,
-        gumbel_temperature: float = 1.0,
-        temperature: float = 1.0,
-        generator: torch.Generator | None = None,
-    ):
-        """Sample captions while passing differentiable word vectors to a listener (seed 004); for training only.
-
-        Each step passes a vector over the vocabulary (straight-through one-hot, Gumbel-softmax, or PSST's mix of the
-        full distribution and the one-hot) that the next step also reads as `w_t @ word_embeddings.weight`, so a
-        listener's loss backpropagates into the captioner. Test-time decoding stays discrete (`generate`). Dropout
-        follows the model's mode. Needs the `rlcaption` package (not part of the standalone remote code).
-
-        Args:
-            pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
-                Images (`"cnn"`/`"backbone"` encoders).
-            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
-                Precomputed features (`"features"` encoder).
-            mode (`str`, *optional*, defaults to `"psst"`):
-                One of `rlcaption.word_passing.WORD_PASSING_MODES`: `"st"`, `"gumbel"`, `"st_gumbel"`, `"psst"`,
-                `"psst_gumbel"` or `"reinforce"`.
-            max_length (`int`, *optional*):
-                Maximum caption length with `<bos>` included (at most `max_length - 1` steps); defaults to
-                `config.max_caption_length + 1`.
-            rho (`float`, *optional*, defaults to 0.25):
-                PSST's probability of passing the full vector at a step, in `[0, 1]`.
-            gumbel_temperature (`float`, *optional*, defaults to 1.0):
-                Temperature of the Gumbel-softmax.
-            temperature (`float`, *optional*, defaults to 1.0):
-                Sampling temperature of the word distributions.
-            generator (`torch.Generator`, *optional*):
-                Source of the token samples, Gumbel noise and PSST coins, on the model's device.
-
-        Returns:
-            [`~rlcaption.word_passing.PassedWords`]: `words`, `probabilities` `(batch_size, num_steps, vocab_size)`;
-            `token_ids`, `step_mask`, `log_probs`, `soft_steps` `(batch_size, num_steps)`.
-        """
-        # imported here, guarded: the saved remote code of this model is standalone and does not ship the training
-        # helpers (transformers does not require imports inside a `try` to load remote code)
-        try:
-            from rlcaption.word_passing import decode_with_word_passing
-        except ImportError as error:
-            raise ImportError(
-                "decode_with_word_passing is a training helper of the rlcaption package: `pip install rlcaption`."
-            ) from error
-
-        return decode_with_word_passing(
-            self,
-            pixel_values=pixel_values,
-            image_features=image_features,
-            mode=mode,
-            max_length=max_length,
-            rho=rho,
-            gumbel_temperature=gumbel_temperature,
-            temperature=temperature,
-            generator=generator,
-        )
-
     def caption_log_probs(
         self,
         input_ids: torch.LongTensor,
@@ -563,21 +500,15 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             `torch.FloatTensor` of shape `(batch_size, T - 1)`: `log p(input_ids[:, t + 1] | input_ids[:, :t + 1],
             image)`, 0 where `input_ids[:, t + 1]` is padding.
         """
-        # rlcaption scores the captions of every captioner in one place; imported here, guarded, because the saved
-        # remote code of this model is standalone and does not ship it
-        try:
-            from rlcaption.decoding import token_log_probs
-        except ImportError as error:
-            raise ImportError(
-                "caption_log_probs is a training helper of the rlcaption package: `pip install rlcaption`."
-            ) from error
-
         if attention_mask is None:
             attention_mask = (input_ids != self.config.pad_token_id).long()
-        images = {"pixel_values": pixel_values, "image_features": image_features}
-        images = {name: value for name, value in images.items() if value is not None}
-        log_probs = token_log_probs(self, images, input_ids, attention_mask)  # (B, T-1)
-        return log_probs.masked_fill(~attention_mask[:, 1:].bool().to(log_probs.device), 0.0)
+        logits = self(
+            input_ids=input_ids, pixel_values=pixel_values, image_features=image_features,
+            attention_mask=attention_mask, use_cache=False,
+        ).logits[:, :-1]  # fmt: skip
+        # in float32: half-precision log-softmax loses the small differences policy gradients weigh
+        log_probs = F.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[:, 1:, None].to(logits.device))[..., 0]
+        return log_probs.masked_fill(~attention_mask[:, 1:].bool().to(log_probs.device), 0.0)  # (B, T-1)
 
     def prefix_states(
         self,
@@ -586,7 +517,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         image_features: torch.FloatTensor | None = None,
         attention_mask: torch.LongTensor | None = None,
     ) -> ShowTellRLPrefixStates:
-        """LSTM state after every prefix of given captions: where Monte-Carlo rollouts continue from (seed 000).
+        """LSTM state after every prefix of given captions: where Monte-Carlo rollouts continue from (Liu et al. 2017).
 
         Args:
             input_ids (`torch.LongTensor` of shape `(batch_size, T)`): captions starting with `<bos>`.

@@ -1,4 +1,4 @@
-"""SpeakerListener: the cooperative speaker-listener captioner of seed 004."""
+"""SpeakerListener: the cooperative speaker-listener captioner of Vered et al. 2019."""
 
 from .configuration_speaker_listener import LISTENER_ENCODER_TYPES, SpeakerListenerConfig
 from .modeling_speaker_listener import Listener, SpeakerListener, SpeakerListenerPreTrainedModel

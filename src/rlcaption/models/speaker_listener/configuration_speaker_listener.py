@@ -1,4 +1,4 @@
-"""Configuration of SpeakerListener, the cooperative speaker-listener captioner of seed 004 (Vered et al. 2019)."""
+"""Configuration of SpeakerListener, the cooperative speaker-listener captioner of Vered et al. 2019."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class SpeakerListenerConfig(PretrainedConfig):
     embedding matrix, running a GRU over the steps and mapping its last state linearly into the joint space; it embeds
     an image by a linear map of the features of its own image encoder (a CNN like the speaker's `"cnn"` encoder, or the
     speaker's precomputed `"features"`). Both embeddings are L2-normalised, so their dot product is the cosine
-    similarity `Φ(w, I)` of seed 004.
+    similarity `Φ(w, I)` of Vered et al. 2019.
 
     Args:
         speaker_config ([`ShowTellRLConfig`] or `dict`, *optional*):
@@ -37,7 +37,7 @@ class SpeakerListenerConfig(PretrainedConfig):
         freeze_listener_image_encoder (`bool`, *optional*, defaults to `False`):
             Keep the listener's CNN fixed. [`SpeakerListener.from_speaker`] sets it when it gives the listener a copy
             of the speaker's pretrained, fixed encoder: the listener then maps fixed pretrained CNN features linearly,
-            as in seed 004 (where both networks read a pretrained ResNet's features).
+            as in Vered et al. 2019 (where both networks read a pretrained ResNet's features).
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of the listener's linear weights.
 

@@ -1,9 +1,10 @@
-"""SpeakerListener: the cooperative speaker-listener captioner of seed 004 (Vered et al., ICCV 2019) as a
+"""SpeakerListener: the cooperative speaker-listener captioner of Vered et al., ICCV 2019 as a
 `transformers` model.
 
-The speaker is a [`ShowTellRL`] captioner: `generate`, `forward`, `caption_log_probs` and `decode_with_word_passing`
-of a SpeakerListener are the speaker's, so every objective and evaluation that captions works on it unchanged. The
-listener ([`Listener`]) embeds captions and images into one space, where seed 004's `Φ(w, I)` is the cosine
+The speaker is a [`ShowTellRL`] captioner: `generate`, `forward` and `caption_log_probs` of a SpeakerListener are the
+speaker's, so every objective and evaluation that captions works on it unchanged (the `psst` objective decodes with
+word passing through the speaker). The
+listener ([`Listener`]) embeds captions and images into one space, where Vered et al.'s `Φ(w, I)` is the cosine
 similarity: a caption is read as word vectors over the vocabulary (one-hot tokens, or the soft vectors the speaker
 passes during training) times the speaker's word embedding matrix, then a GRU; an image by its own encoder (not the
 speaker's, so the speaker cannot pass the listener a private code through shared image features) and a linear map.
@@ -25,13 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 
-from rlcaption.decoding import caption_token_mask
+from rlcaption.models.captions import caption_token_mask, soft_word_embeddings
 from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder, init_cnn_and_gru_weights
 from rlcaption.models.show_tell_rl import ShowTellRL
 from rlcaption.models.visual_semantic_embedding import CaptionImageEmbedding
 from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
-from rlcaption.word_passing import soft_word_embeddings
 
 from .configuration_speaker_listener import SpeakerListenerConfig
 
@@ -40,10 +40,10 @@ __all__ = ["Listener", "SpeakerListener", "SpeakerListenerPreTrainedModel"]
 
 class Listener(CaptionImageEmbedding):
     """
-    Seed 004's listener: embeds captions and images into a joint space of `config.joint_embedding_size`, L2-normalised,
-    so that the dot product of a caption and an image embedding is their cosine similarity `Φ(w, I)`. It is the
-    visual-semantic embedding network [`CaptionImageEmbedding`] (seed 001's embedding reward is one too), with an
-    image encoder like the speaker's.
+    Vered et al.'s listener: embeds captions and images into a joint space of `config.joint_embedding_size`,
+    L2-normalised, so that the dot product of a caption and an image embedding is their cosine similarity `Φ(w, I)`. It
+    is the visual-semantic embedding network [`CaptionImageEmbedding`] (Ren et al.'s embedding reward is one too), with
+    an image encoder like the speaker's.
 
     It has no word embeddings of its own: every call takes the speaker's word embedding matrix, so that the words
     keep the meaning the speaker gives them and the listener's loss also trains the speaker's embeddings.
@@ -131,11 +131,11 @@ class SpeakerListenerPreTrainedModel(PreTrainedModel):
 
 class SpeakerListener(WrappedCaptionerMixin, DetachableNetworkMixin, SpeakerListenerPreTrainedModel, GenerationMixin):
     """
-    Seed 004's speaker ([`ShowTellRL`], `self.speaker`) and listener ([`Listener`], `self.listener`).
+    Vered et al.'s speaker ([`ShowTellRL`], `self.speaker`) and listener ([`Listener`], `self.listener`).
 
     Captioning is the speaker's: `model.generate(pixel_values=...)` (greedy, sampling, beams; test-time words are
-    always discrete), `model(input_ids, pixel_values, labels=...)`, `caption_log_probs` and, for training,
-    `decode_with_word_passing`. The listener ranks images for captions with [`rank_images`].
+    always discrete), `model(input_ids, pixel_values, labels=...)` and `caption_log_probs`. The listener ranks images
+    for captions with [`rank_images`].
     """
 
     # the network an objective trains in its own optimizer group (see `DetachableNetworkMixin`)
@@ -161,10 +161,10 @@ class SpeakerListener(WrappedCaptionerMixin, DetachableNetworkMixin, SpeakerList
 
         When the speaker's CNN encoder is fixed (pretrained, e.g. on the shapes scene annotations), the listener's
         image encoder starts as a copy of it and stays fixed: the listener then learns a linear map of fixed
-        pretrained features, as in seed 004, where both networks read a pretrained ResNet. A listener that learns its
-        CNN from scratch beside a GRU needs many epochs before its recall leaves chance (on shapes: batch R@1 still
-        about 0.03 after 150 steps, against 0.15-0.25 with the copied encoder). The copy is the listener's own, so the
-        two networks share no trainable weights.
+        pretrained features, as in Vered et al. 2019, where both networks read a pretrained ResNet. A listener that
+        learns its CNN from scratch beside a GRU needs many epochs before its recall leaves chance (on shapes: batch
+        R@1 still about 0.03 after 150 steps, against 0.15-0.25 with the copied encoder). The copy is the listener's
+        own, so the two networks share no trainable weights.
 
         Args:
             speaker ([`ShowTellRL`]): the captioner to start from; left unchanged.
@@ -197,10 +197,6 @@ class SpeakerListener(WrappedCaptionerMixin, DetachableNetworkMixin, SpeakerList
         return loaded
 
     # ---------------------------------------------------------------- captioning, by the speaker
-    def decode_with_word_passing(self, *args, **kwargs):
-        """The speaker's [`ShowTellRL.decode_with_word_passing`]: sampled captions as differentiable word vectors."""
-        return self.speaker.decode_with_word_passing(*args, **kwargs)
-
     # ---------------------------------------------------------------- the listener
     def embed_captions(self, captions: torch.LongTensor) -> torch.FloatTensor:
         """

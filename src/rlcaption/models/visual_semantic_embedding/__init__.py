@@ -1,4 +1,4 @@
-"""VisualSemanticEmbedding: the caption-image embedding whose cosine is seed 001's reward."""
+"""VisualSemanticEmbedding: the caption-image embedding whose cosine is Ren et al.'s reward."""
 
 from .configuration_visual_semantic_embedding import JOINT_EMBEDDING_ENCODER_TYPES, VisualSemanticEmbeddingConfig
 from .modeling_visual_semantic_embedding import (

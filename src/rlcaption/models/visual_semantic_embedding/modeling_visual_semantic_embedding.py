@@ -1,10 +1,10 @@
-"""VisualSemanticEmbedding: the caption-image embedding of seed 001 (Ren et al., CVPR 2017, "Deep Reinforcement
-Learning-based Image Captioning with Embedding Reward"; SPEC.md "Seed 001") as a `transformers` model.
+"""VisualSemanticEmbedding: the caption-image embedding of Ren et al. (CVPR 2017), "Deep Reinforcement
+Learning-based Image Captioning with Embedding Reward") as a `transformers` model.
 
 A caption `S` is embedded by word embeddings, a GRU and a linear map of its last state `h_T(S)`; an image by a linear
 map `l_e` of its features `f_I`; both are L2-normalised, so the dot product of a caption and an image embedding is
-seed 001's reward `cos(h_T(S), l_e(f_I))` (eq. 6). The network is [`CaptionImageEmbedding`], which seed 004's listener
-([`Listener`]) is too: the listener reads the speaker's word embeddings, this model has its own.
+Ren et al.'s reward `cos(h_T(S), l_e(f_I))` (eq. 6). The network is [`CaptionImageEmbedding`], which Vered et al.'s
+listener ([`Listener`]) is too: the listener reads the speaker's word embeddings, this model has its own.
 
 The interface is that of `transformers.CLIPModel` (`get_text_features`, `get_image_features`), so the CLIP tools of
 `rlcaption.metrics.clip` (embedding, retrieval) work on it. Train it with
@@ -114,7 +114,7 @@ class VisualSemanticEmbeddingPreTrainedModel(PreTrainedModel):
 
 class VisualSemanticEmbedding(VisualSemanticEmbeddingPreTrainedModel):
     """
-    Seed 001's visual-semantic embedding: its own word embeddings (`self.word_embeddings`) and a
+    Ren et al.'s visual-semantic embedding: its own word embeddings (`self.word_embeddings`) and a
     [`CaptionImageEmbedding`] (`self.embedding`).
 
     Example:
@@ -161,8 +161,8 @@ class VisualSemanticEmbedding(VisualSemanticEmbeddingPreTrainedModel):
         A new embedding over the vocabulary and images of `captioner` (a [`ShowTellRL`], e.g. the XE policy).
 
         When the captioner's CNN is fixed (pretrained, e.g. on the shapes scene annotations), the embedding's CNN
-        starts as a copy of it and stays fixed, so that `l_e` maps fixed pretrained features, as in seed 001. The copy
-        is the embedding's own.
+        starts as a copy of it and stays fixed, so that `l_e` maps fixed pretrained features, as in Ren et al. 2017.
+        The copy is the embedding's own.
 
         Args:
             captioner: a captioner with a `"cnn"` or `"features"` encoder; left unchanged.

@@ -1,11 +1,11 @@
 """
 Differentiable word passing: decode captions so that a second network (a listener) can read the words and its loss
-can backpropagate into the captioner (seed 004, cooperative speaker-listener training with PSST).
+can backpropagate into the captioner (Vered et al. 2019, cooperative speaker-listener training with PSST).
 
 At every step t the speaker computes `p_t = softmax(logits_t / temperature)`, samples a token from it and passes a
 word vector `w_t` over the vocabulary; the listener embeds it as `w_t @ E` ([`soft_word_embeddings`]). The speaker
 reads the same vector at step t + 1 (`w_t @ E_speaker`), so the listener's gradient also flows through time. Modes
-(seed 004, section 5 and the compared methods of section 6.2):
+(Vered et al. 2019, section 5 and the compared methods of section 6.2):
 
 - `"st"` (ST Multinomial): forward the sampled one-hot, backward as if `p_t` had been passed (straight-through).
 - `"gumbel"`: the Gumbel-softmax relaxation `softmax((log p_t + g) / tau)` itself (soft); the token is its argmax.
@@ -16,7 +16,7 @@ reads the same vector at step t + 1 (`w_t @ E_speaker`), so the listener's gradi
 - `"reinforce"`: the plain one-hot, with no gradient path through the words; train the speaker with the
   log-probabilities of its tokens (REINFORCE, and for the naturalness loss, whose CIDEr needs discrete words).
 
-This is for training only: at test time the speaker emits discrete words (`model.generate`), as in seed 004.
+This is for training only: at test time the speaker emits discrete words (`model.generate`), as in Vered et al. 2019.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+
+from ..models.captions import soft_word_embeddings
 
 if TYPE_CHECKING:
-    from rlcaption.models.show_tell_rl import ShowTellRL
+    from ..models.show_tell_rl import ShowTellRL
+    from ..models.speaker_listener import SpeakerListener
 
 __all__ = ["WORD_PASSING_MODES", "PassedWords", "decode_with_word_passing", "soft_word_embeddings"]
 
@@ -81,31 +83,8 @@ class PassedWords:
         return one_hots * self.step_mask[..., None].to(self.words.dtype)
 
 
-def soft_word_embeddings(words: torch.Tensor, embedding_matrix: torch.Tensor | nn.Embedding) -> torch.FloatTensor:
-    """
-    Embeds word vectors over the vocabulary, one-hot or soft: `words @ embedding_matrix`. For a one-hot this is the
-    token's embedding; for a distribution, the expected embedding. Pass the result as `inputs_embeds`-style input.
-
-    Args:
-        words (`torch.FloatTensor` of shape `(..., vocab_size)`): e.g. [`PassedWords.words`] `(B, T, V)`.
-        embedding_matrix (`torch.FloatTensor` of shape `(vocab_size, embedding_size)` or `nn.Embedding`): any
-            network's word embeddings over the same vocabulary.
-
-    Returns:
-        `torch.FloatTensor` of shape `(..., embedding_size)`, in the dtype of the embedding matrix.
-    """
-    if isinstance(embedding_matrix, nn.Embedding):
-        embedding_matrix = embedding_matrix.weight
-    if embedding_matrix.dim() != 2 or words.shape[-1] != embedding_matrix.shape[0]:
-        raise ValueError(
-            f"words over a vocabulary of {words.shape[-1]} need an embedding matrix of shape ({words.shape[-1]}, "
-            f"embedding_size); got {tuple(embedding_matrix.shape)}."
-        )
-    return words.to(embedding_matrix.dtype) @ embedding_matrix
-
-
 def decode_with_word_passing(
-    model: ShowTellRL,
+    model: ShowTellRL | SpeakerListener,
     pixel_values: torch.FloatTensor | None = None,
     image_features: torch.FloatTensor | None = None,
     mode: str = "psst",
@@ -116,7 +95,7 @@ def decode_with_word_passing(
     generator: torch.Generator | None = None,
 ) -> PassedWords:
     """
-    Samples captions while passing differentiable word vectors (seed 004); for training only.
+    Samples captions while passing differentiable word vectors (Vered et al. 2019); for training only.
 
     Gradients flow into every speaker parameter (image encoder, LSTM, word embeddings, vocabulary projection) through
     the passed words and through the speaker's own inputs (`w_t @ E` at step t + 1); in `"reinforce"` mode the
@@ -124,7 +103,7 @@ def decode_with_word_passing(
     any forward pass: call it in training mode to train with dropout, in eval mode for deterministic distributions.
 
     Args:
-        model ([`ShowTellRL`]): the speaker.
+        model ([`ShowTellRL`] or [`SpeakerListener`]): the speaker, or a speaker-listener whose speaker decodes.
         pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
             Images (`"cnn"`/`"backbone"` encoders).
         image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
@@ -147,6 +126,7 @@ def decode_with_word_passing(
     Returns:
         [`PassedWords`] with `num_steps <= max_length - 1`.
     """
+    model = getattr(model, "speaker", model)
     if mode not in WORD_PASSING_MODES:
         raise ValueError(f"Unknown word passing mode {mode!r}; choose one of {WORD_PASSING_MODES}.")
     if not 0.0 <= rho <= 1.0:

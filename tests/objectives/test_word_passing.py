@@ -1,10 +1,11 @@
-"""Differentiable word passing (seed 004): straight-through, Gumbel-softmax and PSST words from ShowTellRL."""
+"""Differentiable word passing (Vered et al. 2019): straight-through, Gumbel-softmax and PSST words from ShowTellRL."""
 
 import pytest
 import torch
 from torch import nn
 
 from rlcaption import WORD_PASSING_MODES, PassedWords, decode_with_word_passing, soft_word_embeddings
+from rlcaption.models import SpeakerListener
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig
 
 PAD, BOS, EOS = 0, 1, 2
@@ -36,8 +37,8 @@ def pixels(batch_size: int = 4, seed: int = 2) -> torch.FloatTensor:
 
 
 def decode(model: ShowTellRL, mode: str, seed: int = 5, **kwargs) -> PassedWords:
-    return model.decode_with_word_passing(
-        pixel_values=pixels(), mode=mode, generator=torch.Generator().manual_seed(seed), **kwargs
+    return decode_with_word_passing(
+        model, pixel_values=pixels(), mode=mode, generator=torch.Generator().manual_seed(seed), **kwargs
     )
 
 
@@ -143,8 +144,13 @@ def test_psst_with_rho_one_passes_exactly_the_probabilities():
 
 def test_psst_passes_the_full_distribution_at_about_a_fraction_rho_of_the_steps():
     model = tiny_speaker()
-    passed = model.decode_with_word_passing(
-        pixel_values=pixels(64), mode="psst", rho=0.25, max_length=12, generator=torch.Generator().manual_seed(0)
+    passed = decode_with_word_passing(
+        model,
+        pixel_values=pixels(64),
+        mode="psst",
+        rho=0.25,
+        max_length=12,
+        generator=torch.Generator().manual_seed(0),
     )
     alive = passed.step_mask.bool()
     fraction = passed.soft_steps[alive].float().mean().item()
@@ -266,12 +272,10 @@ def test_generate_stays_discrete_and_unchanged():
 # ------------------------------------------------------------------ the functions themselves
 
 
-def test_the_model_method_delegates_to_the_module_function():
+def test_a_speaker_listener_decodes_with_its_speaker():
     model = tiny_speaker()
-    from_function = decode_with_word_passing(
-        model, pixel_values=pixels(), mode="psst_gumbel", generator=torch.Generator().manual_seed(5)
-    )
-    assert_same_passed_words(from_function, decode(model, "psst_gumbel"))
+    speaker_listener = SpeakerListener.from_speaker(model, listener_hidden_size=8, joint_embedding_size=8)
+    assert_same_passed_words(decode(speaker_listener, "psst_gumbel"), decode(model, "psst_gumbel"))
 
 
 def test_soft_word_embeddings_embed_one_hots_as_tokens_and_distributions_as_expectations():
@@ -301,4 +305,4 @@ def test_soft_word_embeddings_embed_one_hots_as_tokens_and_distributions_as_expe
 )
 def test_bad_arguments_raise_value_errors_naming_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        tiny_speaker().decode_with_word_passing(pixel_values=pixels(), **kwargs)
+        decode_with_word_passing(tiny_speaker(), pixel_values=pixels(), **kwargs)

@@ -1,0 +1,71 @@
+"""
+What the policy-gradient objectives share: the REINFORCE loss, sampling captions with their rewards, and the
+self-critical baseline (Rennie et al., CVPR 2017).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..decoding import GeneratedCaptions, image_inputs_of
+from .base import TrainerInterface
+
+__all__ = ["greedy_caption_rewards", "policy_gradient_loss", "sample_and_reward"]
+
+
+def policy_gradient_loss(
+    token_log_probs: torch.Tensor, token_mask: torch.Tensor, advantages: torch.Tensor, normalization: str
+) -> torch.Tensor:
+    """
+    REINFORCE loss `−Σ_t A · log p(g_t | g_<t, x)` of a batch of sampled captions.
+
+    Args:
+        token_log_probs (`torch.FloatTensor` of shape `(N, T)`): log-probabilities of the sampled tokens.
+        token_mask (`torch.FloatTensor` of shape `(N, T)`): 1 on the caption's tokens (end token included).
+        advantages (`torch.FloatTensor` of shape `(N,)` or `(N, T)`): reward minus baseline, per caption or token.
+        normalization: `token` divides the sum by the number of tokens in the batch, `sequence` by the number of
+            captions.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (N, 1), broadcast over tokens
+    # masked_fill, not a product: the log-probability of padding after the end token may be -inf, and 0 * -inf = NaN
+    masked_log_probs = token_log_probs.masked_fill(token_mask == 0, 0.0)
+    weighted = -(advantages.detach() * masked_log_probs)  # (N, T)
+    if normalization == "token":
+        return weighted.sum() / token_mask.sum().clamp(min=1.0)
+    return weighted.sum() / token_log_probs.size(0)
+
+
+def sample_and_reward(
+    trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int
+) -> tuple[GeneratedCaptions, torch.LongTensor, np.ndarray]:
+    """
+    Samples `num_samples` captions per image of the batch from the current policy (evaluation mode, the trainer's
+    sampling settings) and scores them with the trainer's rewards, logged under `reward`.
+
+    Returns:
+        `tuple`: the [`GeneratedCaptions`] (`batch_size * num_samples` rows, grouped by image), the batch row of each
+        caption's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`) and their rewards (`np.ndarray`
+        of the same shape).
+    """
+    batch_size = len(inputs["references"])
+    samples = trainer.sample_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
+    sample_index = torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)
+    rewards = trainer.compute_rewards(samples.texts, inputs, row_index=sample_index.tolist())
+    return samples, sample_index, rewards
+
+
+def greedy_caption_rewards(trainer: TrainerInterface, inputs: dict[str, Any]) -> np.ndarray:
+    """
+    The self-critical baseline: the reward of every image's greedy caption, logged under `greedy`.
+
+    Returns:
+        `np.ndarray` of shape `(batch_size,)`.
+    """
+    greedy = trainer.greedy_captions(image_inputs_of(inputs))
+    return trainer.compute_rewards(
+        greedy.texts, inputs, row_index=list(range(len(inputs["references"]))), log_prefix="greedy"
+    )

@@ -1,0 +1,303 @@
+"""
+Training arguments of [`RLCaptionTrainer`]: the usual `TrainingArguments` plus the fields every method shares
+(objective, rewards, sampling, evaluation, logging). Each RL method adds its own fields in its own config class, the
+TRL way, beside its objective: `SCSTConfig`, `SLEConfig`, `SpiderPGConfig`, `WTFConfig`, `PSSTConfig`,
+`ActorCriticConfig` (`rlcaption.objectives`).
+
+`RLCaptionConfig(objective=name, ...)` builds the config class of that objective, as `AutoConfig` builds a model's,
+so that one call configures any method; an option of another method is refused with the class that has it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+from .metrics.evaluation import AVAILABLE_METRICS, resolve_metric_names
+from .rewards.registry import available_rewards
+
+__all__ = ["DIVERSITY_METRICS", "RLCaptionConfig", "register_objective_config", "split_eval_metrics"]
+
+BASELINES = ("greedy", "mean_of_others", "none")
+LOSS_NORMALIZATIONS = ("token", "sequence")
+# `eval_metrics` names of the diversity metrics (`rlcaption.evaluation.diversity_scores`).
+DIVERSITY_METRICS = ("div_1", "div_2", "mbleu_4", "self_bleu", "distinct_captions")
+# The diversity metrics that compare the `eval_num_beams` best beams of each image with each other.
+SET_DIVERSITY_METRICS = ("div_1", "div_2", "mbleu_4")
+
+
+# objective name -> the config class that holds its options; filled by `register_objective`
+_OBJECTIVE_CONFIGS: dict[str, type[RLCaptionConfig]] = {}
+
+
+def register_objective_config(objective: str, config_class: type[RLCaptionConfig]) -> None:
+    """Records which config class configures `objective` (called by `rlcaption.objectives.register_objective`)."""
+    _OBJECTIVE_CONFIGS[objective] = config_class
+
+
+def split_eval_metrics(names: list[str]) -> tuple[list[str], list[str]]:
+    """
+    `eval_metrics` as `(caption_metrics, diversity_metrics)`: the names for
+    [`rlcaption.metrics.evaluate_captions`] (any case, its aliases accepted) and the [`DIVERSITY_METRICS`] names.
+
+    Raises:
+        `ValueError`: for a name that is neither, listing the valid names.
+    """
+    caption_metrics, diversity_metrics = [], []
+    for name in names:
+        if name.lower() in DIVERSITY_METRICS:
+            diversity_metrics.append(name.lower())
+            continue
+        try:
+            resolve_metric_names([name])
+        except ValueError:
+            valid = [*AVAILABLE_METRICS, *DIVERSITY_METRICS]
+            raise ValueError(f"eval_metrics={names!r}: unknown metric {name!r}; valid names: {valid}.") from None
+        caption_metrics.append(name)
+    return caption_metrics, diversity_metrics
+
+
+@dataclass
+class RLCaptionConfig(TrainingArguments):
+    """
+    Configuration of [`RLCaptionTrainer`]. Every field of [`~transformers.TrainingArguments`] applies; the fields
+    below choose the objective, the rewards, how captions are sampled, and how the model is evaluated during training.
+
+    Label smoothing for the `xe` objective is the inherited `label_smoothing_factor`.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # RLCaptionConfig(objective="wtf", ...) is a WTFConfig; Python then runs that class's __init__ on the kwargs
+        objective = kwargs.get("objective")
+        if cls is RLCaptionConfig and objective in _OBJECTIVE_CONFIGS:
+            cls = _OBJECTIVE_CONFIGS[objective]
+        known = {option.name for option in dataclasses.fields(cls)}
+        for name in kwargs:
+            if name not in known:
+                raise TypeError(f"{cls.__name__} has no option {name!r}{_where_the_option_is(name)}.")
+        return super().__new__(cls)
+
+    # > Objective
+    objective: str = field(
+        default="xe",
+        metadata={"help": "Training objective: `xe` (teacher forcing) or an RL objective such as `scst`."},
+    )
+
+    # > Rewards
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["cider"],
+        metadata={"help": "Names of built-in rewards (see `rlcaption.rewards.available_rewards()`)."},
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "One weight per reward function (names here or callables given to the trainer); all 1.0 "
+            "when unset."
+        },
+    )
+    document_frequencies: str | None = field(
+        default=None,
+        metadata={
+            "help": "CIDEr-D document-frequency file for the `cider`/`spider` rewards; by default they are computed "
+            "once from the training split's references."
+        },
+    )
+
+    # > Sampling
+    num_samples_per_image: int = field(
+        default=5,
+        metadata={
+            "help": "Captions sampled per image and step by `scst`, `sle` and `actor_critic` (k, s in Chen & Jin "
+            "2020; 5 as in self-critical.pytorch and the paper). `spider_pg` "
+            "has its own count, `num_paths_per_image`: each of its samples also costs `num_rollouts` rollouts per "
+            "token and the paper samples 1, so one setting for both would change one method's cost and recipe "
+            "whenever a configuration is switched to the other objective."
+        },
+    )
+    baseline: str = field(
+        default="greedy",
+        metadata={
+            "help": "Reward baseline of `scst`: `greedy` (reward of the greedy caption, Rennie et al. 2017), "
+            "`mean_of_others` (mean reward of the other samples of the same image) or `none`."
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for RL objectives."})
+    top_k: int = field(
+        default=0,
+        metadata={"help": "RL sampling from the k most likely tokens only; 0 samples from the whole vocabulary."},
+    )
+    top_p: float = field(
+        default=1.0,
+        metadata={"help": "RL nucleus sampling: the smallest token set of this total probability; 1.0 disables it."},
+    )
+    max_caption_length: int = field(
+        default=20,
+        metadata={
+            "help": "Most tokens of a caption after its start token, the end token included: the `max_new_tokens` of "
+            "sampling, greedy and beam-search decoding. References are cut to as many tokens (`max_caption_length "
+            "- 1` words and the end token) for teacher forcing, so that XE never trains a caption longer than "
+            "decoding can produce. `ShowTellRLConfig.max_caption_length` counts alike; `generate`'s `max_length` "
+            "counts the start token too, so it is this value + 1."
+        },
+    )
+    loss_normalization: str = field(
+        default="token",
+        metadata={
+            "help": "Policy-gradient loss normalisation: `token` (sum over tokens / number of tokens, as in "
+            "self-critical.pytorch) or `sequence` (mean over captions of the summed log-probabilities)."
+        },
+    )
+    xe_captions_per_image: int | None = field(
+        default=None,
+        metadata={"help": "References used per image and step by `xe`; all of them when unset."},
+    )
+
+    # > Evaluation during training
+    eval_num_beams: int = field(default=3, metadata={"help": "Beam size of the captions scored during evaluation."})
+    eval_metrics: list[str] = field(
+        default_factory=lambda: ["cider", "bleu"],
+        metadata={
+            "help": "Metrics of the evaluation captions, logged beside `eval_loss` (the teacher-forced cross-entropy "
+            "of the references): caption metrics (`bleu`, `meteor`, `rouge_l`, `cider`, `spice`, `spider`; METEOR "
+            "and SPICE need Java), logged under the COCO toolkit's keys (`eval_CIDEr`, `eval_Bleu_4`, ...), and "
+            "diversity metrics: `div_1`, `div_2` and `mbleu_4` of each image's `eval_num_beams` best beams (needs "
+            "`eval_num_beams >= 2`), `self_bleu` and `distinct_captions` of the best captions of the split, logged as "
+            "`eval_Div-1`, `eval_Div-2`, `eval_mBLEU-4`, `eval_Self-BLEU`, `eval_distinct_captions`. Lower mBLEU-4 "
+            "and Self-BLEU are more diverse: set `greater_is_better=False` to select the best model by them."
+        },
+    )
+    eval_clip: str | None = field(
+        default=None,
+        metadata={
+            "help": "CLIP (local folder or Hub id, loaded when the trainer is built) that scores the evaluation "
+            "captions against their images: `eval_CLIP-S` and the retrieval recalls `eval_t2i_R@1`, `eval_i2t_R@1`, "
+            "... (`rlcaption.metrics.clip`). The evaluation split needs its `image` column. Use a CLIP the rewards "
+            "do not use, or RL will have learned to please the judge."
+        },
+    )
+    eval_caption_sets: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Also caption every evaluation image `eval_caption_set_size` times, by random sampling (`sample`) "
+            "and/or as the top of a beam search of that width (`beam`), and score each set as Chen & Jin's Table 4 "
+            "does: mean CIDEr-D, Div-1, Div-2, mBLEU-4 and, with scenes, object F1, logged as `eval_sample5_CIDEr`, "
+            "`eval_beam5_Div-2`, ... Sampling is seeded with `seed`, so every evaluation draws alike."
+        },
+    )
+    eval_caption_set_size: int = field(
+        default=5, metadata={"help": "Captions per image of each `eval_caption_sets` set (5 in Chen & Jin 2020)."}
+    )
+
+    # > Logging
+    log_completions: bool = field(
+        default=True,
+        metadata={
+            "help": "At every training log, print a few of the captions RL objectives sampled, with their rewards, "
+            "and log them as a table to Weights & Biases when it is in `report_to`."
+        },
+    )
+    num_completions_to_print: int = field(
+        default=3, metadata={"help": "Sampled captions shown at each log with `log_completions`."}
+    )
+
+    # Changed defaults. Captions, references and image ids are not forward() arguments, so the Trainer must not
+    # drop those columns.
+    remove_unused_columns: bool = field(
+        default=False,
+        metadata={"help": "Kept False: objectives need the `captions` and `image_id` columns."},
+    )
+    # A recipe's loss is logged often enough to see RL progress on small datasets.
+    logging_steps: float = field(default=10, metadata={"help": "Log every X update steps."})
+    # Parts of a network may receive no gradient in a step (an auxiliary network in another phase of its objective,
+    # a captioner's heads that an objective does not use); DDP must then look for unused parameters instead of
+    # waiting for their gradients forever.
+    ddp_find_unused_parameters: bool | None = field(
+        default=True, metadata={"help": "Kept True: some parameters are unused in some steps or objectives."}
+    )
+    # same annotation order as TrainingArguments: HfArgumentParser reads the type after NoneType in the union
+    report_to: None | str | list[str] = field(
+        default="none", metadata={"help": "Integrations to report to; none by default (runs offline)."}
+    )
+
+    def __post_init__(self):
+        # before the parent, which would import deepspeed or set FSDP up first
+        for name, value in (("fsdp", self.fsdp), ("deepspeed", self.deepspeed)):
+            if value:
+                raise ValueError(
+                    f"{name}={value!r} is not supported by RLCaptionTrainer: objectives decode with the whole model "
+                    "and train auxiliary networks in the same optimizer, both only on replicated weights. Use DDP "
+                    "(`accelerate launch --multi_gpu`); the library's captioners fit on one device."
+                )
+        super().__post_init__()
+        config_class = _OBJECTIVE_CONFIGS.get(self.objective)
+        if config_class is None:
+            raise ValueError(
+                f"objective={self.objective!r} is unknown; valid objectives: {sorted(_OBJECTIVE_CONFIGS)}."
+            )
+        if not isinstance(self, config_class):
+            raise ValueError(
+                f"objective={self.objective!r} takes its options from {config_class.__name__}: build that class, or "
+                f"RLCaptionConfig(objective={self.objective!r}, ...), instead of {type(self).__name__}."
+            )
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}.")
+        unknown_rewards = [name for name in self.reward_funcs if name not in available_rewards()]
+        if unknown_rewards:
+            raise ValueError(
+                f"reward_funcs names an unknown reward {unknown_rewards[0]!r}; built-in rewards: "
+                f"{available_rewards()} (pass your own as callables to the trainer's `reward_funcs`)."
+            )
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline={self.baseline!r} is not one of {BASELINES}.")
+        if self.loss_normalization not in LOSS_NORMALIZATIONS:
+            raise ValueError(f"loss_normalization={self.loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
+        if self.num_samples_per_image < 1:
+            raise ValueError(f"num_samples_per_image must be >= 1, got {self.num_samples_per_image}.")
+        if self.baseline == "mean_of_others" and self.num_samples_per_image < 2:
+            raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
+        if not self.reward_funcs:
+            raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1.0 disables it), got {self.top_p}.")
+        if self.max_caption_length < 1:
+            raise ValueError(f"max_caption_length must be >= 1, got {self.max_caption_length}.")
+        if self.eval_num_beams < 1:
+            raise ValueError(f"eval_num_beams must be >= 1, got {self.eval_num_beams}.")
+        if isinstance(self.eval_metrics, str):
+            self.eval_metrics = [self.eval_metrics]
+        _, diversity_metrics = split_eval_metrics(self.eval_metrics)
+        for name in diversity_metrics:
+            if name in SET_DIVERSITY_METRICS and self.eval_num_beams < 2:
+                raise ValueError(
+                    f"eval_metrics names {name!r}, which compares the beams of each image: it needs eval_num_beams "
+                    f">= 2, got eval_num_beams={self.eval_num_beams}."
+                )
+        if isinstance(self.eval_caption_sets, str):
+            self.eval_caption_sets = [self.eval_caption_sets]
+        unknown_sets = [name for name in self.eval_caption_sets if name not in ("sample", "beam")]
+        if unknown_sets:
+            raise ValueError(f"eval_caption_sets: unknown decoding {unknown_sets[0]!r}; choose among sample, beam.")
+        if self.eval_caption_sets and self.eval_caption_set_size < 2:
+            raise ValueError(
+                f"eval_caption_set_size must be >= 2 to measure the diversity of a set, got "
+                f"{self.eval_caption_set_size}."
+            )
+        if self.eval_clip is not None and not self.eval_clip:
+            raise ValueError("eval_clip='' names no CLIP: give a folder or Hub id, or None for no CLIP metrics.")
+        if self.num_completions_to_print < 1:
+            raise ValueError(f"num_completions_to_print must be >= 1, got {self.num_completions_to_print}.")
+
+
+def _where_the_option_is(name: str) -> str:
+    """`"; it is an option of WTFConfig (objective='wtf')"` for an option of another method's config, else ``."""
+    for objective, config_class in sorted(_OBJECTIVE_CONFIGS.items()):
+        if name in {option.name for option in dataclasses.fields(config_class)}:
+            return f"; it is an option of {config_class.__name__} (objective={objective!r})"
+    return ""

@@ -10,8 +10,6 @@ folder (weights, config, processor, generation config, card) as one commit.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import re
 import threading
@@ -20,9 +18,11 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, create_repo, upload_folder
 from huggingface_hub import try_to_load_from_cache as _try_to_load_from_cache
-from huggingface_hub.errors import HFValidationError, HTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
+from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import get_session, validate_repo_id
 from torch import nn
+
+from .hub_errors import HUB_CONNECTION_ERRORS
 
 __all__ = [
     "HUB_CONNECTION_ERRORS",
@@ -36,20 +36,6 @@ __all__ = [
     "render_model_card",
 ]
 
-
-def _transport_errors() -> tuple[type[Exception], ...]:
-    """The network errors (no route, DNS, timeout, proxy) of the HTTP client of `huggingface_hub`: `httpx2` from
-    version 2, `httpx` in version 1; neither is an `HTTPError`."""
-    return tuple(
-        importlib.import_module(module).TransportError
-        for module in ("httpx2", "httpx")
-        if importlib.util.find_spec(module) is not None
-    )
-
-
-# What a Hub request raises when the Hub cannot be reached or refuses it (no network, offline mode, no token, HTTP
-# errors); a failed upload leaves the local folder as it was.
-HUB_CONNECTION_ERRORS = (HTTPError, OfflineModeIsEnabled, LocalTokenNotFoundError, *_transport_errors())
 
 # Seconds the Hub has to answer one request before a Hub id that is not in the local cache is refused; the Hub
 # usually answers in well under a second, whereas `huggingface_hub` retries an unreachable Hub for about 23 seconds
@@ -247,7 +233,8 @@ def render_model_card(
         language="en",
         license=license,
         library_name="rlcaption",
-        pipeline_tag="image-to-text",
+        # transformers 5 runs captioners as `image-text-to-text` (with an empty text); it renamed `image-to-text`
+        pipeline_tag="image-text-to-text",
         tags=["image-captioning", "reinforcement-learning", "rlcaption", *tags],
         metrics=sorted({metric_type for metric_type, _ in names.values()}),
         model_name=repo_id.split("/")[-1],

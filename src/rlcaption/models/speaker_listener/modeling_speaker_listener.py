@@ -26,6 +26,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 
 from rlcaption.decoding import caption_token_mask
+from rlcaption.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder, init_cnn_and_gru_weights
 from rlcaption.models.show_tell_rl import ShowTellRL
@@ -114,7 +115,7 @@ class Listener(CaptionImageEmbedding):
         return caption_embeddings, self.embed_images(pixel_values, image_features)
 
 
-class SpeakerListenerPreTrainedModel(PreTrainedModel):
+class SpeakerListenerPreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
     config_class = SpeakerListenerConfig
     config: SpeakerListenerConfig
     base_model_prefix = "speaker_listener"

@@ -122,10 +122,12 @@ def main(argv=None):
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
     def test_scores(test_split):
+        # max_length (<bos> + the caption), the setting of the model's generation config: max_new_tokens beside it
+        # made transformers warn once per test batch
         scores = evaluate_model(
             model.eval(), processor, test_split, metrics=["cider", "bleu"],
             batch_size=training_args.per_device_eval_batch_size, num_beams=max(training_args.eval_num_beams, 2),
-            max_new_tokens=training_args.max_caption_length, lookahead_lambda=script_args.test_lookahead_lambda,
+            max_length=training_args.max_caption_length + 1, lookahead_lambda=script_args.test_lookahead_lambda,
         )  # fmt: skip
         scores = {f"lookahead_{name}": scores[name] for name in ("CIDEr", "Bleu_4", "object_f1") if name in scores}
         scores["value_explained_variance"] = value_explained_variance(trainer, test_split, seed=training_args.seed)

@@ -153,8 +153,8 @@ def new_embedding(script_args: ScriptArguments) -> tuple[VisualSemanticEmbedding
     """A randomly initialised embedding over the vocabulary and images of `--captioner_name_or_path`, and the
     captioner's processor."""
     name = script_args.captioner_name_or_path
-    check_pretrained_reference(name, option="--captioner_name_or_path")
-    processor = AutoProcessor.from_pretrained(name)
+    local_files_only = check_pretrained_reference(name, option="--captioner_name_or_path")
+    processor = AutoProcessor.from_pretrained(name, local_files_only=local_files_only)
     if not isinstance(processor, CaptionProcessor):
         raise ValueError(
             f"--captioner_name_or_path {name}: the embedding reads captions as rlcaption's CaptionProcessor tokenizes "
@@ -173,7 +173,7 @@ def new_embedding(script_args: ScriptArguments) -> tuple[VisualSemanticEmbedding
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes,
         )  # fmt: skip
         return VisualSemanticEmbedding(config), processor
-    captioner = AutoModelForImageTextToText.from_pretrained(name)
+    captioner = AutoModelForImageTextToText.from_pretrained(name, local_files_only=local_files_only)
     config = captioner.config
     if not (isinstance(captioner, ShowTellRL) and config.encoder_type == "cnn" and config.freeze_image_encoder):
         raise ValueError(

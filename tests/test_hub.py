@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 from huggingface_hub import ModelCard
@@ -20,20 +22,20 @@ def tiny_model() -> ShowTellRL:
     return ShowTellRL(config)
 
 
+RENDER_FIELDS = dict(
+    repo_id="org/show-tell-rl-test",
+    dataset_type="shapes",
+    dataset_name="shapes",
+    model_summary="A test captioner.",
+    training_summary="Trained for a test.",
+    training_settings={"objective": "`spider_pg`", "rollouts per prefix (K)": 3},
+    evaluation_summary="Beam search on the test split.",
+    limitations="None known.",
+)
+
+
 def render(**overrides):
-    fields = dict(
-        repo_id="org/show-tell-rl-test",
-        scores=SCORES,
-        dataset_type="shapes",
-        dataset_name="shapes",
-        model_summary="A test captioner.",
-        training_summary="Trained for a test.",
-        training_settings={"objective": "`spider_pg`", "rollouts per prefix (K)": 3},
-        evaluation_summary="Beam search on the test split.",
-        limitations="None known.",
-    )
-    fields.update(overrides)
-    return render_model_card(tiny_model(), **fields)
+    return render_model_card(tiny_model(), **{**RENDER_FIELDS, "scores": SCORES, **overrides})
 
 
 # ---------------------------------------------------------------- model cards
@@ -49,12 +51,34 @@ def test_model_card_carries_the_scores_in_its_metadata_and_its_table(tmp_path):
     assert results["CIDEr-D"].metric_type == "cider" and results["BLEU-4"].metric_type == "bleu"
     assert all(result.dataset_split == "test" and result.task_type == "image-to-text" for result in results.values())
     assert card.data.model_name == "show-tell-rl-test"
-    assert card.data.pipeline_tag == "image-to-text" and card.data.library_name == "rlcaption"
+    assert card.data.pipeline_tag == "image-text-to-text" and card.data.library_name == "rlcaption"
     for row in ("| CIDEr-D | 1.250 |", "| BLEU-4 | 0.500 |", "| rollouts per prefix (K) | 3 |"):
         assert row in card.text, row
     assert 'ShowTellRL.from_pretrained("org/show-tell-rl-test")' in card.text
     parameters = sum(parameter.numel() for parameter in tiny_model().parameters())
     assert f"{parameters / 1e3:.0f}k parameters" in card.text
+
+
+def test_the_pipeline_of_the_card_s_task_captions_as_generate_does():
+    from transformers import pipeline
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    from rlcaption.data import load_shapes
+    from rlcaption.decoding import generate_captions
+    from rlcaption.inference import load_captioner
+
+    checkpoint = str(Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe")
+    model, processor = load_captioner(checkpoint)
+    task = render_model_card(model, **{**RENDER_FIELDS, "scores": SCORES}).data.pipeline_tag
+    images = load_shapes(num_train=1, num_validation=1, num_test=3, image_size=48)["test"][:3]["image"]
+
+    assert task in SUPPORTED_TASKS  # not a task transformers 5 renamed or removed
+    captioner = pipeline(task, model=checkpoint)
+    outputs = captioner(images=images, text=[""] * len(images))  # the text prompt the task needs: none
+
+    pixel_values = processor(images=images, return_tensors="pt")["pixel_values"]
+    expected = generate_captions(model, processor, {"pixel_values": pixel_values}, num_beams=1).texts
+    assert all(expected) and [output["generated_text"] for output in outputs] == expected
 
 
 def test_eval_results_reject_unknown_metric_keys():
@@ -102,3 +126,19 @@ def test_trainer_evaluation_and_caption_set_scores_reach_the_card(tmp_path):
     assert 2.5 not in values.values() and 500.0 not in values.values()
     with pytest.raises(ValueError, match="sample5_BLEU"):
         caption_eval_results({"sample5_BLEU": 1.0}, dataset_type="shapes", dataset_name="shapes")
+
+
+def test_push_to_hub_without_a_network_says_so_and_how_to_publish_later(monkeypatch):
+    import httpx2
+    import huggingface_hub.constants
+
+    def no_network(transport, request):
+        raise httpx2.ConnectError("[Errno -2] Name or service not known", request=request)
+
+    monkeypatch.setattr(httpx2.HTTPTransport, "handle_request", no_network)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(RuntimeError, match=r"Could not push the ShowTellRL to the Hub repo org/model: ConnectError"):
+        tiny_model().push_to_hub("org/model")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(RuntimeError, match=r"OfflineModeIsEnabled.*hf upload org/model <folder>"):
+        tiny_model().push_to_hub("org/model")

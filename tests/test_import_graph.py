@@ -18,11 +18,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "src" / "rlcaption"
 # alone; the trainer sits on the objectives, which sit on decoding and rewards; recipes and the command line on top.
 LAYERS = [
     {"models"},
-    {"captioners"},
+    {"captioners", "hub"},
     {"data"},
     {"metrics"},
     {"processing", "evaluate_modules"},
-    {"rewards", "decoding", "hub", "scene_pretraining", "templates"},
+    {"rewards", "decoding", "scene_pretraining", "templates"},
     {"rl_config", "evaluation", "inference", "listener_evaluation", "clip_model_card", "gallery", "auto"},
     {"objectives"},
     {"trainer"},
@@ -30,8 +30,9 @@ LAYERS = [
     {"demo"},
     {"cli", "__init__"},
 ]
-# what a model's files may import besides the standard library (within rlcaption: only rlcaption.models)
-MODEL_DEPENDENCIES = ("torch", "transformers", "rlcaption")
+# what a model's files may import besides the standard library (within rlcaption: only rlcaption.models); the Hub
+# client comes with transformers
+MODEL_DEPENDENCIES = ("torch", "transformers", "huggingface_hub", "rlcaption")
 
 
 def module_files() -> dict[str, Path]:
@@ -145,7 +146,7 @@ def test_models_import_only_torch_transformers_and_models(graph):
         for target in sorted(targets)
         if not target.startswith("rlcaption.models")
     ] == []
-    # outside it: the standard library, torch and transformers
+    # outside it: the standard library, torch, transformers and its Hub client
     for path in (PACKAGE / "models").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):

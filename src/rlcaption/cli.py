@@ -38,7 +38,11 @@ def _lookahead_kwargs(model, args: argparse.Namespace) -> dict[str, float]:
 
 
 def _configure_caption_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("images", nargs="+", help="Image files to caption.")
+    parser.add_argument(
+        "images",
+        nargs="+",
+        help="Image files or folders of images to caption; an image that cannot be read is skipped with a warning.",
+    )
     parser.add_argument("--model", required=True, help="Model folder or Hub id (e.g. a published rlcaption model).")
     parser.add_argument("--num-beams", type=int, default=3, help="Beam size (1 = greedy).")
     parser.add_argument(
@@ -49,22 +53,39 @@ def _configure_caption_parser(parser: argparse.ArgumentParser) -> None:
     _add_lookahead_argument(parser)
 
 
+def _readable_image_files(images: Sequence[str]) -> list[str]:
+    """The image files of `images` (files and folders) that decode; each one that does not is named in a warning."""
+    from .data import find_undecodable_images
+    from .inference import list_image_files
+
+    paths = list_image_files(images)
+    undecodable = find_undecodable_images(paths)
+    for position, problem in undecodable.items():
+        print(
+            f"rlcaption caption: warning: skipped {paths[position]}, which cannot be read: {problem}", file=sys.stderr
+        )
+    if len(undecodable) == len(paths):
+        raise ValueError(f"None of the {len(paths)} image files can be read; nothing to caption.")
+    return [path for position, path in enumerate(paths) if position not in undecodable]
+
+
 def _run_caption(args: argparse.Namespace) -> None:
     from .inference import caption_image_files, load_captioner
 
     if args.num_captions > args.num_beams:
         raise SystemExit(f"--num-captions ({args.num_captions}) cannot exceed --num-beams ({args.num_beams}).")
-    model, processor = load_captioner(args.model, revision=args.revision)
+    paths = _readable_image_files(args.images)  # before the model is loaded: a wrong path fails at once
+    model, processor = load_captioner(args.model, revision=args.revision, argument_name="--model")
     captions = caption_image_files(
         model,
         processor,
-        args.images,
+        paths,
         num_beams=args.num_beams,
         num_return_sequences=args.num_captions,
         max_length=args.max_length,
         **_lookahead_kwargs(model, args),
     )
-    for index, path in enumerate(args.images):
+    for index, path in enumerate(paths):
         for caption in captions[index * args.num_captions : (index + 1) * args.num_captions]:
             print(f"{path}\t{caption}")
 
@@ -74,8 +95,9 @@ def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dataset",
         default="shapes",
-        help="`shapes` (as every recipe, benchmark and published card has it: 48-pixel images, 500 test images) or a "
-        "folder written by `save_to_disk`.",
+        help="`shapes` (as every recipe, benchmark and published card has it: 48-pixel images, 500 test images), a "
+        "folder written by `save_to_disk`, or a folder of images with captions in `metadata.jsonl` files "
+        "(`rlcaption.data.load_caption_imagefolder`).",
     )
     parser.add_argument("--split", default="test", help="Dataset split to caption.")
     parser.add_argument("--num-beams", type=int, default=3)
@@ -108,7 +130,7 @@ def _run_evaluate(args: argparse.Namespace) -> None:
     from .inference import load_captioner
     from .recipes import RecipeArguments, load_recipe_dataset
 
-    model, processor = load_captioner(args.model)
+    model, processor = load_captioner(args.model, argument_name="--model")
     lookahead = _lookahead_kwargs(model, args)  # before the dataset is loaded: a wrong option fails at once
     # the recipes' shapes, not `load_shapes`' defaults (64-pixel images): a model card's scores are on these images
     dataset = load_recipe_dataset(RecipeArguments(dataset=args.dataset))

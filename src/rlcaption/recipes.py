@@ -19,9 +19,9 @@ from typing import Any
 
 from transformers import AutoModelForImageTextToText, AutoProcessor, HfArgumentParser
 
-from . import models as _models  # noqa: F401  (registers our Auto classes, so AutoProcessor finds ours)
+from . import auto as _auto  # noqa: F401  (registers our Auto classes, so AutoProcessor finds ours)
 from .data import load_caption_dataset
-from .hub import publish_folder, render_model_card
+from .hub import check_pretrained_reference, publish_folder, render_model_card
 from .models import ShowTellRL, ShowTellRLConfig
 from .processing import CaptionProcessor
 from .scene_pretraining import pretrain_image_encoder_on_scenes
@@ -51,7 +51,13 @@ _FALSE_WORDS = ("false", "no", "0", "none")
 class RecipeArguments:
     """The arguments every recipe has besides [`RLCaptionConfig`]; a recipe's own `ScriptArguments` extend them."""
 
-    dataset: str = field(default="shapes", metadata={"help": "`shapes`, a save_to_disk folder or a Hub dataset id."})
+    dataset: str = field(
+        default="shapes",
+        metadata={
+            "help": "`shapes`, a save_to_disk folder, a folder of images with captions in metadata.jsonl files "
+            "(`rlcaption.data.load_caption_imagefolder`) or a Hub dataset id."
+        },
+    )
     num_train_images: int = field(default=4000, metadata={"help": "Training images of the shapes dataset."})
     num_validation_images: int = field(default=200, metadata={"help": "Validation images of the shapes dataset."})
     num_test_images: int = field(default=500, metadata={"help": "Test images of the shapes dataset."})
@@ -154,29 +160,6 @@ def resolve_resume_from_checkpoint(value: str | bool | None, output_dir: str, ov
     return value
 
 
-def check_pretrained_reference(name_or_path: str, option: str = "--model_name_or_path") -> None:
-    """
-    Fails at once, naming `option`, when `name_or_path` is meant as a local folder but is not one: it starts with
-    `.`, `/` or `~`, has more than one `/`, or its first part is a local folder (`runs/xe` when `runs/` exists). A Hub
-    id (`org/name`) is left to `from_pretrained`. Without this, a mistyped path would be tried as a Hub id, and fail
-    later with a network error that does not name the typo.
-    """
-    if os.path.isdir(name_or_path):
-        return
-    parts = name_or_path.split("/")
-    looks_local = (
-        name_or_path.startswith((".", "/", "~"))
-        or len(parts) > 2
-        or os.path.isfile(name_or_path)
-        or (len(parts) == 2 and os.path.isdir(parts[0]))
-    )
-    if looks_local:
-        raise FileNotFoundError(
-            f"{option} {name_or_path}: no such folder. Give a folder written by `save_pretrained` (a model with its "
-            "config and processor) or a Hub id such as `org/name`."
-        )
-
-
 def load_pretrained_captioner(name_or_path: str, **kwargs: Any):
     """
     The captioner a recipe starts from and its processor, by folder or Hub id: a `ShowTellRL` checkpoint of ours or
@@ -185,7 +168,10 @@ def load_pretrained_captioner(name_or_path: str, **kwargs: Any):
     Returns:
         `(model, processor)`.
     """
-    check_pretrained_reference(name_or_path)
+    if check_pretrained_reference(
+        name_or_path, **{key: kwargs[key] for key in ("revision", "cache_dir", "local_files_only") if key in kwargs}
+    ):
+        kwargs["local_files_only"] = True  # a cached Hub id while the Hub cannot be reached
     processor = AutoProcessor.from_pretrained(name_or_path, **kwargs)
     model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
     return model, processor

@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoImageProcessor, AutoModel
 
+from ..hub import check_pretrained_reference
 from ..models.encoders import pool_image_features
 from .images import convert_to_rgb
 from .shapes import load_shapes, save_dataset_atomically
@@ -182,8 +183,9 @@ def extract_features(
     ]
     if todo:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        image_processor = AutoImageProcessor.from_pretrained(model_name_or_path)
-        model = AutoModel.from_pretrained(model_name_or_path).to(device).eval()
+        local_files_only = check_pretrained_reference(model_name_or_path, option="--model")
+        image_processor = AutoImageProcessor.from_pretrained(model_name_or_path, local_files_only=local_files_only)
+        model = AutoModel.from_pretrained(model_name_or_path, local_files_only=local_files_only).to(device).eval()
         rows_todo = sum(min(shard_size, dataset_dict[name].num_rows - index * shard_size) for name, index in todo)
         with tqdm(total=rows_todo, desc="Extracting image features", unit="img") as progress:
             for name, index in todo:

@@ -1,5 +1,5 @@
-"""Resolve a dataset argument of the recipes (`shapes`, a saved folder, or a Hub dataset id) to a DatasetDict, with
-every image checked before training starts."""
+"""Resolve a dataset argument of the recipes (`shapes`, a saved folder, a folder of images with captions, or a Hub
+dataset id) to a DatasetDict, with every image checked before training starts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import datasets
 
+from .coco import load_caption_imagefolder
 from .images import find_undecodable_images
 from .shapes import load_shapes
 
@@ -29,7 +30,8 @@ def load_caption_dataset(
 
     Args:
         name_or_path: `"shapes"` (the embedded synthetic dataset; `shapes_kwargs` such as `num_train` are passed to
-            [`load_shapes`]), a folder written by `DatasetDict.save_to_disk`, or a Hub dataset id.
+            [`load_shapes`]), a folder written by `DatasetDict.save_to_disk`, a folder of images with their captions
+            in `metadata.jsonl` files (read by [`load_caption_imagefolder`]), or a Hub dataset id.
         verify_images: decode every image of an `image` column once ([`check_dataset_images`]), so that a corrupt
             one fails now, named, rather than stopping training mid-run. The shapes images, rendered here, are not
             checked.
@@ -44,6 +46,14 @@ def load_caption_dataset(
         return load_shapes(**shapes_kwargs)
     if shapes_kwargs:
         raise ValueError(f"Options {sorted(shapes_kwargs)} apply to the shapes dataset only, not {name_or_path!r}.")
+    if os.path.isdir(name_or_path) and not _is_saved_dataset(name_or_path):
+        try:
+            return load_caption_imagefolder(name_or_path, verify_images, skip_unreadable_images)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(
+                f"Dataset {name_or_path!r} is not a folder written by `save_to_disk` (it has no "
+                f"{datasets.config.DATASETDICT_JSON_FILENAME}), so it was read as a folder of images: {error}"
+            ) from error
     if os.path.isdir(name_or_path):
         dataset = datasets.load_from_disk(name_or_path)
     elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/", "~")):
@@ -65,6 +75,14 @@ def load_caption_dataset(
     if verify_images or skip_unreadable_images:
         dataset = check_dataset_images(dataset, skip_unreadable_images)
     return dataset
+
+
+def _is_saved_dataset(folder: str) -> bool:
+    """Whether `folder` was written by `save_to_disk` (of a `DatasetDict`, or of a single `Dataset`)."""
+    return any(
+        os.path.isfile(os.path.join(folder, file_name))
+        for file_name in (datasets.config.DATASETDICT_JSON_FILENAME, datasets.config.DATASET_STATE_JSON_FILENAME)
+    )
 
 
 def check_dataset_images(

@@ -48,6 +48,10 @@ def load_clip(model: Any, local_files_only: bool = False) -> tuple[Any, Any]:
 
     Returns:
         `(model, processor)`.
+
+    Raises:
+        `FileNotFoundError`: at once, for a name that is neither a folder nor a Hub id that can be loaded now (see
+            [`rlcaption.hub.check_pretrained_reference`]).
     """
     if isinstance(model, tuple | list):
         if len(model) != 2:
@@ -59,8 +63,11 @@ def load_clip(model: Any, local_files_only: bool = False) -> tuple[Any, Any]:
         from transformers import AutoModel, AutoProcessor
 
         import rlcaption.models  # noqa: F401  (registers the project's CLIPs with the Auto classes)
+        from rlcaption.hub import check_pretrained_reference
 
         name = os.fspath(model)
+        # a mistyped folder, or a Hub id not cached while the Hub is out of reach, fails now rather than after retries
+        local_files_only = check_pretrained_reference(name, option="CLIP", local_files_only=local_files_only)
         clip_model = AutoModel.from_pretrained(name, local_files_only=local_files_only)
         processor = AutoProcessor.from_pretrained(name, local_files_only=local_files_only)
     else:

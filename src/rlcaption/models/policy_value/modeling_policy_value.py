@@ -29,6 +29,7 @@ from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, 
 
 from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder, init_cnn_and_gru_weights
+from rlcaption.models.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.show_tell_rl import ShowTellRL
 from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
 
@@ -226,7 +227,7 @@ class ValueLookaheadLogitsProcessor(LogitsProcessor):
         return torch.full_like(scores, float("-inf")).scatter(-1, candidate_ids, lookahead.to(scores.dtype))
 
 
-class PolicyValuePreTrainedModel(PreTrainedModel):
+class PolicyValuePreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
     config_class = PolicyValueConfig
     config: PolicyValueConfig
     base_model_prefix = "policy_value"

@@ -25,6 +25,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils import ModelOutput
 
 from rlcaption.models.encoders import BackboneImageEncoder, ConvImageEncoder
+from rlcaption.models.hub_errors import HubUploadErrorsMixin
 
 from .configuration_shapes_clip import ShapesCLIPConfig
 
@@ -117,7 +118,7 @@ class ShapesCLIPTextEncoder(nn.Module):
         return hidden_states, feature  # (B, T, 2H), (B, 2H)
 
 
-class ShapesCLIPPreTrainedModel(PreTrainedModel):
+class ShapesCLIPPreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
     config_class = ShapesCLIPConfig
     config: ShapesCLIPConfig
     base_model_prefix = "shapes_clip"

@@ -24,6 +24,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from rlcaption.models.encoders import ConvImageEncoder, MixedPrecisionLSTM, build_image_encoder
+from rlcaption.models.hub_errors import HubUploadErrorsMixin
 
 from .configuration_show_tell_rl import ShowTellRLConfig
 from .state_show_tell_rl import CACHE_NAME, ShowTellRLPrefixStates, ShowTellRLState
@@ -58,7 +59,7 @@ class ShowTellRLOutput(ModelOutput):
     hidden_states: torch.FloatTensor | None = None
 
 
-class ShowTellRLPreTrainedModel(PreTrainedModel):
+class ShowTellRLPreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
     config_class = ShowTellRLConfig
     config: ShowTellRLConfig
     base_model_prefix = "show_tell_rl"
@@ -553,16 +554,22 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
 
 
 _HUB_UPLOAD_KWARGS = ("repo_id", "commit_message", "private", "create_pr", "revision", "commit_description")
-_PACKAGE_ENCODER_IMPORT = "from rlcaption.models.encoders import"
+# the package modules the saved code imports -> a class of each, whose module file is copied next to it
+_PACKAGE_IMPORTS = {"rlcaption.models.encoders": ConvImageEncoder, "rlcaption.models.hub_errors": HubUploadErrorsMixin}
 
 
 def _make_remote_code_standalone(save_directory: Path) -> None:
-    """Copy `encoders.py` next to the saved modeling and configuration files and point their imports at the copy."""
-    encoders_file = sys.modules[ConvImageEncoder.__module__].__file__  # the package's or a remote copy
+    """Copy the package modules it imports (`encoders.py`, `hub_errors.py`) next to the saved modeling and
+    configuration files and point their imports at the copies."""
     for module_file in (Path(__file__), Path(sys.modules[ShowTellRLConfig.__module__].__file__)):
         saved_file = save_directory / module_file.name
         if saved_file.is_file():  # the configuration file is saved only when the config is registered too
             source = saved_file.read_text(encoding="utf-8")
-            saved_file.write_text(source.replace(_PACKAGE_ENCODER_IMPORT, "from .encoders import"), encoding="utf-8")
-    if Path(encoders_file).resolve() != (save_directory / "encoders.py").resolve():
-        shutil.copyfile(encoders_file, save_directory / "encoders.py")
+            for package_module in _PACKAGE_IMPORTS:
+                local_name = package_module.rsplit(".", 1)[1]
+                source = source.replace(f"from {package_module} import", f"from .{local_name} import")
+            saved_file.write_text(source, encoding="utf-8")
+    for package_class in _PACKAGE_IMPORTS.values():
+        module_file = Path(sys.modules[package_class.__module__].__file__)  # the package's or a remote copy
+        if module_file.resolve() != (save_directory / module_file.name).resolve():
+            shutil.copyfile(module_file, save_directory / module_file.name)

@@ -29,6 +29,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from rlcaption.models.captions import caption_token_mask, soft_word_embeddings
 from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder, init_cnn_and_gru_weights
+from rlcaption.models.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.show_tell_rl import ShowTellRL
 from rlcaption.models.visual_semantic_embedding import CaptionImageEmbedding
 from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
@@ -114,7 +115,7 @@ class Listener(CaptionImageEmbedding):
         return caption_embeddings, self.embed_images(pixel_values, image_features)
 
 
-class SpeakerListenerPreTrainedModel(PreTrainedModel):
+class SpeakerListenerPreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
     config_class = SpeakerListenerConfig
     config: SpeakerListenerConfig
     base_model_prefix = "speaker_listener"

@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder, init_cnn_and_gru_weights
+from rlcaption.models.hub_errors import HubUploadErrorsMixin
 
 from .configuration_visual_semantic_embedding import VisualSemanticEmbeddingConfig
 
@@ -98,7 +99,7 @@ class CaptionImageEmbedding(nn.Module):
         return F.normalize(self.image_projection(features), dim=-1)
 
 
-class VisualSemanticEmbeddingPreTrainedModel(PreTrainedModel):
+class VisualSemanticEmbeddingPreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
     config_class = VisualSemanticEmbeddingConfig
     config: VisualSemanticEmbeddingConfig
     base_model_prefix = "visual_semantic_embedding"

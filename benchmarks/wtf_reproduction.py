@@ -1,5 +1,5 @@
 """
-Reproduction of Chaffin et al. 2022 (WTF-RL) on shapes: the variants of the paper's Table 1 (`tf`, `wtf`, `wtf_rl`,
+Reproduction of Chaffin et al. 2024 (WTF-RL) on shapes: the variants of the paper's Table 1 (`tf`, `wtf`, `wtf_rl`,
 `rl`, `rl_unidirectional`, `scst_discriminator`) and `rl` without the discriminator (α = 1), each
 `examples/train_wtf.py` from the published XE warm start over several seeds and the given learning rates, judged on the
 test split by retrieval in both directions by the reward CLIP and by the evaluator CLIP (which no reward used, so a

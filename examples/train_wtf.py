@@ -1,5 +1,5 @@
 """
-WTF-RL (Chaffin et al. 2022): CLIP-guided RL with ground-truth captions and a learned discriminator, from the published
+WTF-RL (Chaffin et al. 2024): CLIP-guided RL with ground-truth captions and a learned discriminator, from the published
 XE warm start or any captioner the trainer supports:
 
     accelerate launch examples/train_wtf.py --output_dir runs/wtf --use_cpu
@@ -65,7 +65,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
-            f"An image captioner fine-tuned on the `{script_args.dataset}` dataset with WTF-RL (Chaffin et al. 2022), "
+            f"An image captioner fine-tuned on the `{script_args.dataset}` dataset with WTF-RL (Chaffin et al. 2024), "
             f"variant `{variant}`: a CLIP's decoupled bidirectional contrastive reward and a discriminator of "
             "human-written captions guide RL on beam-search captions and weight teacher forcing on the ground truth. "
             f"Started from `{script_args.model_name_or_path}`; reward CLIP `{training_args.reward_clip}`."

@@ -95,7 +95,7 @@ _DIVERSITY_AND_CLIP_METRICS.update(
         if key in ("CIDEr", "Bleu_4", "object_f1")
     }
 )
-# The same CLIP scores by the CLIP a reward used (Chaffin et al. 2022 reports both; the reward CLIP can be fooled).
+# The same CLIP scores by the CLIP a reward used (Chaffin et al. 2024 reports both; the reward CLIP can be fooled).
 _DIVERSITY_AND_CLIP_METRICS.update(
     {
         f"reward_clip_{key}": (metric_type, name.replace("(evaluator CLIP)", "(reward CLIP)"))

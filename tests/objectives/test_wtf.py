@@ -1,4 +1,4 @@
-"""The wtf objective (Chaffin et al. 2022): eq. 3 by hand for every variant, the discriminator's phases, training with
+"""The wtf objective (Chaffin et al. 2024): eq. 3 by hand for every variant, the discriminator's phases, training with
 ours and a transformers captioner, and a resume in the discriminator's pretraining phase."""
 
 import math

@@ -9,7 +9,7 @@ captions with `rlcaption.metrics.normalize_caption` first):
 - **mBLEU-4** of one image (Chen & Jin 2020): the BLEU-4 of each of its k captions against the other k - 1 as
   references, averaged over the k captions. Lower is more diverse. Each BLEU-4 is the COCO toolkit's per-image
   (sentence) BLEU-4, `rlcaption.metrics.compute_bleu`'s per-key value. The corpus value is the mean over images.
-- **Self-BLEU** of a set of generated captions (Chaffin et al. 2022, after Zhu et al. 2018, "Texygen"): the BLEU-4 of
+- **Self-BLEU** of a set of generated captions (Chaffin et al. 2024, after Zhu et al. 2018, "Texygen"): the BLEU-4 of
   each caption against all the other captions of the set as references, averaged over captions. Lower is more diverse.
   We take, as Texygen does, the mean of sentence-level scores rather than one corpus-level BLEU: every caption is a
   query of its own, and a mean over queries lets a random subset of queries (`sample_size`) estimate the full value
@@ -139,7 +139,7 @@ def self_bleu(
     normalize: bool = False,
 ) -> float:
     """Self-BLEU-`max_n`: the mean sentence-level BLEU of each caption against all other captions (Chaffin et al.
-    2022).
+    2024).
 
     Args:
         captions (`Sequence[str]`):

@@ -1,5 +1,5 @@
 """
-Cross-modal retrieval recall R@K in both directions, from caption and image embeddings (Chaffin et al. 2022 and Vered
+Cross-modal retrieval recall R@K in both directions, from caption and image embeddings (Chaffin et al. 2024 and Vered
 et al. 2019).
 
 Text-to-image (T2I): each text queries all images; a hit at K when its own image is among the K most similar.

@@ -1,10 +1,11 @@
 """
 Actor-critic training of a policy network and a value network (Ren et al., CVPR 2017, "Deep Reinforcement
-Learning-based Image Captioning with Embedding Reward").
+Learning-based Image Captioning with Embedding Reward"; the equations and steps cited are those of Shi et al., ICIMCS
+2018, "Image Captioning based on Deep Reinforcement Learning", which follows the same scheme).
 
 The model is a [`PolicyValueCaptioner`]: a policy `p_π(a_t | s_t)` (a [`ShowTellRL`]) and a value network `v(s_t)`
 that predicts the final reward of a caption from its image and a partial caption `s_t`. Training goes in the steps of
-Ren et al. 2017 (Sec. 3.3.2):
+Shi et al. 2018 (Sec. 3.3.2):
 
 1. The policy learns by cross-entropy first (the `xe` objective, or a published XE checkpoint), then is wrapped with
    [`PolicyValueCaptioner.from_policy`]. The reward is the trainer's mix: the visual-semantic `embedding` reward
@@ -80,7 +81,7 @@ class ActorCriticConfig(RLCaptionConfig):
         default=0,
         metadata={
             "help": "Optimizer steps at the start of `actor_critic` that regress the value network on the rewards of "
-            "captions sampled from the fixed policy (Ren et al.'s training step 3), so that joint training starts "
+            "captions sampled from the fixed policy (Shi et al.'s training step 3), so that joint training starts "
             "with a value network that predicts the reward; then both networks learn. 0: joint from the first step."
         },
     )
@@ -119,7 +120,8 @@ def state_mask(token_mask: torch.Tensor) -> torch.Tensor:
 
 def value_regression_loss(state_values: torch.Tensor, rewards: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     """
-    Ren et al.'s value loss (eqs. 9, 11): the mean over the regressed states ([`state_mask`]) of `(v(s_t) − R)²`.
+    The value loss (Shi et al. 2018, eqs. 9, 11): the mean over the regressed states ([`state_mask`]) of
+    `(v(s_t) − R)²`.
 
     Args:
         state_values (`torch.FloatTensor` of shape `(N, T + 1)`): `v` of every prefix of the sampled sequences.

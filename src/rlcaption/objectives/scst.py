@@ -1,7 +1,7 @@
 """
 Self-critical sequence training (Rennie et al., CVPR 2017): REINFORCE on sampled captions with a baseline that does
 not depend on the sample, `grad ≈ −(R(g) − b) grad log p(g | x)`, optionally with a maximum-entropy bonus (the
-"SLL-ME" baseline of Chen et al. 2018's sequence-level exploration).
+"SLL-ME" baseline of Chen & Jin 2020's sequence-level exploration).
 """
 
 from __future__ import annotations

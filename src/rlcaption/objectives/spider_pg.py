@@ -390,7 +390,7 @@ class SpiderPGObjective(CaptionObjective):
     The baseline receives gradient only from its squared error (its input is detached) and the LSTM only from the
     policy term, so one optimizer trains both. With Adam the baseline's step size is its learning rate whatever
     `baseline_loss_weight` is (Adam normalises the gradient's scale). The baseline starts untrained after XE: on the
-    shapes recipe (learning rate 2e-4, batch 32) it reaches Q's mean within about 100 steps but explains little of
+    shapes recipe (learning rate 2e-4, batch 8) it reaches Q's mean within about 100 steps but explains little of
     Q's spread between states within one epoch (`baseline_explained_variance` in the logs stays near 0), so there it
     mainly centres the advantage. Watch that metric when choosing the learning rate.
 

@@ -90,7 +90,7 @@ MINED_NEIGHBOURS_NAME = "mined_neighbours.safetensors"
 @dataclass
 class WTFConfig(RLCaptionConfig):
     """
-    Configuration of `objective="wtf"` (WTF-RL, Chaffin et al. 2022): the Table 1 variant, the reward CLIP and the
+    Configuration of `objective="wtf"` (WTF-RL, Chaffin et al. 2024): the Table 1 variant, the reward CLIP and the
     contrastive reward, and the discriminator, besides the shared fields of [`RLCaptionConfig`].
     """
 
@@ -255,7 +255,7 @@ def wtf_rewards(parts: WTFRewardParts, variant: str, alpha: float) -> tuple[torc
         raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
     if variant == "tf":
         return None, torch.ones_like(parts.ground_truth_discriminator)
-    # Chaffin et al. 2022, eq. 3: r(x) = α · r_sim(x) + (1 − α) · p_D(x), r_sim per variant (Table 1)
+    # Chaffin et al. 2024, eq. 3: r(x) = α · r_sim(x) + (1 − α) · p_D(x), r_sim per variant (Table 1)
     beam_similarity = {
         "wtf_rl": parts.beam.combined("both"),
         "rl": parts.beam.combined("both"),

@@ -1,5 +1,5 @@
 """
-The decoupled bidirectional contrastive reward of WTF-RL (Chaffin et al. 2022, eq. 2; Chaffin et al., "Distinctive
+The decoupled bidirectional contrastive reward of WTF-RL (Chaffin et al. 2024, eq. 2; Chaffin et al., "Distinctive
 Image Captioning: Leveraging Ground Truth Captions in CLIP Guided Reinforcement Learning").
 
 For a caption `x_c` of image `i_c`, a set of texts `T`, a set of images `I`, the cosine similarity

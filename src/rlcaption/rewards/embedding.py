@@ -1,9 +1,9 @@
 """
-The visual-semantic embedding reward of Ren et al., CVPR 2017, and its training.
+The visual-semantic embedding reward of Ren et al. (CVPR 2017), as Shi et al. (2018) describe it, and its training.
 
 A [`VisualSemanticEmbedding`] embeds a caption `S` by the last state `h_T(S)` of a GRU (linearly mapped) and an image
 by a linear map `l_e(f_I)` of its features, into one space; the reward of a caption for its image is their cosine
-(Ren et al. 2017, eq. 6):
+(Shi et al. 2018, eq. 6):
 
     R(S, I) = cos(h_T(S), l_e(f_I)) ∈ [−1, 1].
 
@@ -38,7 +38,7 @@ __all__ = ["EmbeddingReward", "bidirectional_hinge_losses", "train_embedding_mod
 
 def bidirectional_hinge_losses(similarities: torch.Tensor, margin: float = 0.2) -> torch.Tensor:
     """
-    The bidirectional hinge ranking loss of Ren et al.'s embedding (eq. 5, which the extraction garbles; read as Ren et
+    The bidirectional hinge ranking loss of Ren et al.'s embedding (Shi et al. 2018, eq. 5, read as Ren et
     al. 2017's), for every ground-truth pair `(S_i, I_i)` of a batch, summed over all its negatives:
 
         Σ_{j≠i} max(0, γ − cos(S_i, I_i) + cos(S_j, I_i)) + Σ_{j≠i} max(0, γ − cos(S_i, I_i) + cos(S_i, I_j))
@@ -157,8 +157,8 @@ def train_embedding_model(
 @register_reward("embedding")
 class EmbeddingReward:
     """
-    Ren et al.'s reward: the cosine of each completion's embedding and its image's, `cos(h_T(S), l_e(f_I))` (eq. 6),
-    from a [`VisualSemanticEmbedding`] trained by [`train_embedding_model`].
+    Ren et al.'s reward: the cosine of each completion's embedding and its image's, `cos(h_T(S), l_e(f_I))` (Shi et al.
+    2018, eq. 6), from a [`VisualSemanticEmbedding`] trained by [`train_embedding_model`].
 
     Args:
         model (`str`, `os.PathLike` or `(model, processor)`): the embedding's folder or Hub id (model and its

@@ -385,7 +385,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
     def beam_search_captions(self, image_inputs: Mapping[str, torch.Tensor], num_beams: int) -> GeneratedCaptions:
         """
-        The best caption of a beam search of width `num_beams` for every image (the trajectory Chaffin et al. 2022
+        The best caption of a beam search of width `num_beams` for every image (the trajectory Chaffin et al. 2024
         trains on), of at most `args.max_caption_length` tokens; the model's own generation settings are ignored, as in
         [`sample_captions`].
         """

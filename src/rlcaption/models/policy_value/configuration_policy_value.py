@@ -19,7 +19,7 @@ class PolicyValueConfig(PretrainedConfig):
     `policy_config`) and a value network `v(s_t)` that predicts the final reward of a caption from the image and a
     partial caption: its own image encoder (a CNN like the policy's, or the policy's precomputed features) mapped to
     `value_hidden_size`, its own word embeddings and GRU over the partial caption, and a three-layer perceptron on the
-    concatenated image embedding and GRU state (Ren et al. 2017, Fig. 3; a 3-layer perceptron in its Sec. 4.1).
+    concatenated image embedding and GRU state (Shi et al. 2018, Fig. 3; a 3-layer perceptron in its Sec. 4.1).
 
     Args:
         policy_config ([`ShowTellRLConfig`] or `dict`, *optional*):

@@ -49,7 +49,8 @@ NextTokenValues = Callable[[torch.LongTensor, torch.LongTensor], tuple[torch.Flo
 
 class ValueNetwork(nn.Module):
     """
-    Ren et al.'s value network `v(s_t)` (Fig. 3): the final reward expected from the partial caption `s_t` of an image.
+    The value network `v(s_t)` (Shi et al. 2018, Fig. 3): the final reward expected from the partial caption `s_t` of
+    an image.
 
     The image goes through the network's own encoder (a CNN like the policy's, or the policy's precomputed features),
     a linear map and a LayerNorm; the partial caption through the network's own word embeddings and a GRU from a zero

@@ -16,7 +16,7 @@ class VisualSemanticEmbeddingConfig(PretrainedConfig):
     r"""
     Configuration of [`VisualSemanticEmbedding`]: word embeddings and a GRU whose last state, linearly mapped, embeds a
     caption; a linear map `l_e` of image features `f_I` embeds an image; both L2-normalised into one space, where the
-    reward of Ren et al. 2017 (eq. 6) is the cosine of a caption and its image.
+    reward of Ren et al. 2017 (Shi et al. 2018, eq. 6) is the cosine of a caption and its image.
 
     Args:
         vocab_size (`int`, *optional*, defaults to 1000):
@@ -40,7 +40,7 @@ class VisualSemanticEmbeddingConfig(PretrainedConfig):
         freeze_image_encoder (`bool`, *optional*, defaults to `False`):
             Keep the CNN fixed, e.g. a captioner's pretrained encoder copied by
             [`VisualSemanticEmbedding.from_captioner`]: the image side is then a linear map of fixed pretrained
-            features, as in Ren et al. 2017 (and Ren et al. 2017, on VGG-16 features).
+            features, as in Shi et al. 2018 (and Ren et al. 2017, on VGG-16 features).
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of linear and embedding weights.
         pad_token_id (`int`, *optional*, defaults to 0), bos_token_id (`int`, *optional*, defaults to 1),

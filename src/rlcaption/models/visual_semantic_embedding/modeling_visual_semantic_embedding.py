@@ -3,8 +3,9 @@ Learning-based Image Captioning with Embedding Reward") as a `transformers` mode
 
 A caption `S` is embedded by word embeddings, a GRU and a linear map of its last state `h_T(S)`; an image by a linear
 map `l_e` of its features `f_I`; both are L2-normalised, so the dot product of a caption and an image embedding is
-Ren et al.'s reward `cos(h_T(S), l_e(f_I))` (eq. 6). The network is [`CaptionImageEmbedding`], which Vered et al.'s
-listener ([`Listener`]) is too: the listener reads the speaker's word embeddings, this model has its own.
+Ren et al.'s reward `cos(h_T(S), l_e(f_I))` (Shi et al. 2018, eq. 6). The network is [`CaptionImageEmbedding`], which
+Vered et al.'s listener ([`Listener`]) is too: the listener reads the speaker's word embeddings, this model has its
+own.
 
 The interface is that of `transformers.CLIPModel` (`get_text_features`, `get_image_features`), so the CLIP tools of
 `rlcaption.metrics.clip` (embedding, retrieval) work on it. Train it with

@@ -30,10 +30,12 @@ from rlcaption.objectives import ActorCriticConfig
 from rlcaption.objectives.actor_critic import value_explained_variance
 from rlcaption.recipes import (
     RecipeArguments,
+    check_the_captioner_gets_steps,
     finish_recipe,
     load_pretrained_captioner,
     load_recipe_dataset,
     parse_recipe_arguments,
+    phase_steps_description,
     recipe_model_card,
     reward_description,
 )
@@ -68,7 +70,7 @@ class ScriptArguments(RecipeArguments):
     )
 
 
-def _model_card(model, training_args, script_args, scores, num_test_images):
+def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
     embedding = [f"embedding (`{script_args.embedding_model}`)"] if script_args.embedding_model else []
     reward = reward_description(training_args, [*training_args.reward_funcs, *embedding])
     return recipe_model_card(
@@ -91,6 +93,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
             "learning rate": f"{training_args.learning_rate:g}",
         },
         tags=["policy-value", "actor-critic"],
+        optimizer_steps=optimizer_steps,
     )  # fmt: skip
 
 
@@ -119,6 +122,7 @@ def main(argv=None):
         model=model, args=training_args, processing_class=processor, train_dataset=dataset["train"],
         eval_dataset=dataset.get("validation"), reward_funcs=rewards,
     )  # fmt: skip
+    check_the_captioner_gets_steps(trainer)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
     def test_scores(test_split):
@@ -134,7 +138,8 @@ def main(argv=None):
         return scores
 
     def card(scores, num_test_images):
-        return _model_card(model, training_args, script_args, scores, num_test_images)
+        steps = phase_steps_description(trainer)
+        return _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=steps)
 
     finish_recipe(trainer, processor, dataset, script_args, card, test_scores)
 

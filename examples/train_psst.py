@@ -60,7 +60,7 @@ class ScriptArguments(RecipeArguments):
     joint_embedding_size: int = field(default=256, metadata={"help": "Joint caption-image space of a new listener."})
 
 
-def _model_card(model, training_args, script_args, scores, num_test_images):
+def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
     mode = training_args.psst_mode
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
@@ -83,6 +83,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
             "learning rate": f"{training_args.learning_rate:g}",
         },
         tags=["speaker-listener", "psst"],
+        optimizer_steps=optimizer_steps,
     )  # fmt: skip
 
 

@@ -48,7 +48,7 @@ class ScriptArguments(RecipeArguments):
     )
 
 
-def _model_card(model, training_args, script_args, scores, num_test_images):
+def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
     rewards = reward_description(training_args)
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
@@ -66,6 +66,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
             "learning rate": f"{training_args.learning_rate:g}",
         },
         tags=["scst"],
+        optimizer_steps=optimizer_steps,
     )  # fmt: skip
 
 

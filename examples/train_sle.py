@@ -61,7 +61,7 @@ def method_name(training_args) -> str:
     return "SLL-ME" if training_args.entropy_bonus_weight > 0 else "SLL"
 
 
-def _model_card(model, training_args, script_args, scores, num_test_images):
+def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
     method = method_name(training_args)
     settings = {
         "start": f"`{script_args.model_name_or_path}`",
@@ -92,6 +92,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
         recipe="train_sle.py",
         training_settings=settings,
         tags=["show-tell-rl", method.lower()],
+        optimizer_steps=optimizer_steps,
     )  # fmt: skip
 
 

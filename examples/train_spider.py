@@ -4,10 +4,11 @@ from teacher forcing (XE):
 
     accelerate launch examples/train_spider.py --output_dir runs/spider --reward_funcs cider
 
-trains XE for `--xe_epochs` on the embedded shapes dataset, then `spider_pg` (`--num_rollouts` K = 3 rollouts from
-every prefix of `--num_paths_per_image` M = 1 sampled caption per image), scores the test split, and writes the model,
-its processor and a model card with the test scores to `--output_dir`. Start from an XE checkpoint instead with
-`--model_name_or_path runs/xe --xe_epochs 0`.
+starts from the published XE captioner (`--model_name_or_path`, `checkpoints/show-tell-rl-shapes-xe`: a CNN
+pretrained on the scenes, attention over its grid), trains `spider_pg` (`--num_rollouts` K = 3 rollouts from every
+prefix of `--num_paths_per_image` M = 1 sampled caption per image), scores the test split, and writes the model, its
+processor and a model card with the test scores to `--output_dir`. `--xe_epochs N` first continues its teacher
+forcing for N epochs; `examples/train_xe.py` trains a new XE captioner.
 
 The reward defaults to SPIDEr, (CIDEr-D + SPICE) / 2, as in the paper; SPICE needs Stanford CoreNLP (`rlcaption
 download-spice`), and where it cannot run the script stops at once with SPICE's error: name another reward, e.g.
@@ -21,12 +22,11 @@ from dataclasses import dataclass, field, replace
 
 from rlcaption.metrics.spice import check_spice
 from rlcaption.objectives import SpiderPGConfig
-from rlcaption.processing import CaptionProcessor
 from rlcaption.recipes import (
     RecipeArguments,
+    check_pretrained_reference,
     load_pretrained_captioner,
     load_recipe_dataset,
-    new_show_tell_rl,
     parse_recipe_arguments,
     recipe_model_card,
     reward_description,
@@ -50,37 +50,30 @@ RECIPE_DEFAULTS = {
 
 @dataclass
 class ScriptArguments(RecipeArguments):
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "XE checkpoint (folder or Hub id, with its processor) to start from; a new model if unset."},
+    # the captioner every RL recipe starts from: without it, a new model would not see (no scene pretraining, no
+    # attention) and XE would write one caption for every image
+    model_name_or_path: str = field(
+        default="checkpoints/show-tell-rl-shapes-xe",
+        metadata={"help": "XE captioner (folder or Hub id, with its processor) spider_pg starts from."},
     )
     xe_epochs: float = field(
-        default=4.0,
-        metadata={"help": "Epochs of teacher forcing before spider_pg (0 to start from --model_name_or_path as is)."},
+        default=0.0,
+        metadata={"help": "Epochs of teacher forcing of --model_name_or_path before spider_pg (0: start from it)."},
     )
-    xe_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the XE warm start."})
-    hidden_size: int = field(default=128, metadata={"help": "LSTM and embedding size of a new model."})
-    cnn_channels: list[int] = field(
-        default_factory=lambda: [16, 32, 32, 32], metadata={"help": "CNN encoder channels of a new model."}
-    )
+    xe_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of those XE epochs."})
+
+    def __post_init__(self):
+        if self.xe_epochs < 0 or self.xe_learning_rate <= 0:
+            raise ValueError(
+                f"--xe_epochs must be >= 0 and --xe_learning_rate > 0, got {self.xe_epochs} and "
+                f"{self.xe_learning_rate}."
+            )
 
 
 def _warm_start(script_args, training_args, dataset):
-    """The XE model spider_pg starts from: loaded, trained from scratch, or loaded then trained further."""
+    """The XE captioner spider_pg starts from, with `--xe_epochs` more of teacher forcing."""
     xe_dir = os.path.join(training_args.output_dir, "xe")
-    if script_args.model_name_or_path is not None:
-        model, processor = load_pretrained_captioner(script_args.model_name_or_path)
-    elif script_args.xe_epochs > 0:
-        train_captions = [caption for captions in dataset["train"]["captions"] for caption in captions]
-        processor = CaptionProcessor.from_captions(train_captions, min_count=1, image_size=script_args.image_size)
-        model = new_show_tell_rl(
-            processor, script_args.image_size, script_args.cnn_channels, script_args.hidden_size,
-            image_attention=False, max_caption_length=training_args.max_caption_length,
-        )  # fmt: skip
-    else:
-        raise ValueError(
-            "--xe_epochs is 0 and no --model_name_or_path was given: name an XE checkpoint to start from."
-        )
+    model, processor = load_pretrained_captioner(script_args.model_name_or_path)
     if script_args.xe_epochs > 0:
         xe_args = replace(
             training_args,
@@ -103,7 +96,7 @@ def _warm_start(script_args, training_args, dataset):
     return model, processor
 
 
-def _model_card(model, training_args, script_args, scores, num_test_images):
+def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
     rewards = reward_description(training_args)
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
@@ -114,9 +107,12 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
         ),
         recipe="train_spider.py",
         training_settings={
-            "warm start": f"XE, {script_args.xe_epochs:g} epochs, lr {script_args.xe_learning_rate:g}"
-            if script_args.xe_epochs > 0
-            else f"`{script_args.model_name_or_path}`",
+            "warm start": f"`{script_args.model_name_or_path}`"
+            + (
+                f", then XE for {script_args.xe_epochs:g} epochs at lr {script_args.xe_learning_rate:g}"
+                if script_args.xe_epochs > 0
+                else ""
+            ),
             "objective": "`spider_pg` (Liu et al. 2017)",
             "reward": rewards,
             "sampled captions per image (M)": training_args.num_paths_per_image,
@@ -126,6 +122,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
             "RL learning rate": f"{training_args.learning_rate:g}",
         },
         tags=["show-tell-rl", "spider-pg"],
+        optimizer_steps=optimizer_steps,
     )  # fmt: skip
 
 
@@ -140,17 +137,15 @@ def main(argv=None):
         )
     if any(name in _REWARDS_NEEDING_SPICE for name in training_args.reward_funcs):
         check_spice()  # stop before any training where SPICE cannot run, with what is missing and how to fix it
+    check_pretrained_reference(script_args.model_name_or_path)  # a typo fails before any data is loaded
 
     dataset = load_recipe_dataset(script_args)
     if training_args.resume_from_checkpoint:
         # the checkpoint holds the weights: the model and processor come from the warm start saved before RL
         xe_dir = os.path.join(training_args.output_dir, "xe")
-        start = xe_dir if os.path.isdir(xe_dir) else script_args.model_name_or_path
-        if start is None:
-            raise FileNotFoundError(
-                f"Resuming needs the warm start the run began from: {xe_dir} is missing; pass --model_name_or_path."
-            )
-        model, processor = load_pretrained_captioner(start)
+        model, processor = load_pretrained_captioner(
+            xe_dir if os.path.isdir(xe_dir) else script_args.model_name_or_path
+        )
     else:
         model, processor = _warm_start(script_args, training_args, dataset)
 

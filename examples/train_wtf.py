@@ -60,7 +60,7 @@ class ScriptArguments(RecipeArguments):
     )
 
 
-def _model_card(model, training_args, script_args, scores, num_test_images):
+def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
     variant = training_args.wtf_variant
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
@@ -82,6 +82,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images):
             "learning rate": f"{training_args.learning_rate:g}",
         },
         tags=["wtf-rl", variant.replace("_", "-")],
+        optimizer_steps=optimizer_steps,
     )  # fmt: skip
 
 

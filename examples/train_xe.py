@@ -63,7 +63,9 @@ def _pretrains_on_scenes(script_args, train_split) -> bool:
     return script_args.scene_pretraining_steps > 0 and "scene" in train_split.column_names
 
 
-def _model_card(model, training_args, script_args, scores, num_test_images, pretrained, accuracies):
+def _model_card(
+    model, training_args, script_args, scores, num_test_images, pretrained, accuracies, optimizer_steps=None
+):
     encoder = f"CNN {script_args.cnn_channels} at {script_args.image_size} px"
     if pretrained:
         encoder += f", pretrained {script_args.scene_pretraining_steps} steps on the scene annotations"
@@ -91,6 +93,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images, pret
             "learning rate": f"{training_args.learning_rate:g}",
         },
         tags=["show-tell-rl", "xe"],
+        optimizer_steps=optimizer_steps,
     )  # fmt: skip
 
 

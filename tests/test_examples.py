@@ -157,6 +157,7 @@ def test_wtf_recipe_runs_on_one_and_two_processes_and_reports_both_clips(tmp_pat
     assert {"reward_clip_t2i_R@1", "reward_clip_i2t_R@10"} <= set(scores)
     card = (output_dir / "README.md").read_text()
     assert "Text-to-image R@1 (reward CLIP)" in card and "Text-to-image R@1 (evaluator CLIP)" in card
+    assert "1 discriminator_pretraining, 1 joint" in card  # the steps each phase took
 
 
 @pytest.mark.parametrize("num_processes", [1, 2])
@@ -176,3 +177,4 @@ def test_actor_critic_recipe_trains_both_networks_and_scores_lookahead(tmp_path,
     assert config["model_type"] == "policy_value"
     card = (output_dir / "README.md").read_text()
     assert "0.5·embedding" in card and "CIDEr-D (lookahead beam search)" in card
+    assert "1 value_pretraining, 1 actor_critic" in card

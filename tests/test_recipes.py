@@ -1,6 +1,7 @@
 """The shared steps of the recipes: arguments, resuming, paths, publishing offline."""
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -9,7 +10,14 @@ import pytest
 import torch
 
 from rlcaption.hub import publish_folder
-from rlcaption.recipes import check_pretrained_reference, parse_recipe_arguments, resolve_resume_from_checkpoint
+from rlcaption.models import PolicyValueCaptioner
+from rlcaption.objectives import ActorCriticConfig
+from rlcaption.recipes import (
+    check_pretrained_reference,
+    check_the_captioner_gets_steps,
+    parse_recipe_arguments,
+    resolve_resume_from_checkpoint,
+)
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -98,6 +106,60 @@ def test_recipe_defaults_reach_the_training_arguments(tmp_path):
 def test_a_recipe_refuses_another_objective_instead_of_replacing_it(tmp_path, recipe, objective):
     with pytest.raises(ValueError, match=f"--objective {objective} belongs to another recipe"):
         load_recipe(recipe).main(["--output_dir", str(tmp_path), "--objective", objective, "--reward_funcs", "cider"])
+
+
+@pytest.mark.parametrize(
+    ("recipe", "arguments", "message"),
+    [
+        ("train_xe", ["--learning_rate", "-0.1"], "learning_rate must be > 0, got -0.1"),
+        ("train_spider", ["--reward_funcs", "cidr"], "unknown reward 'cidr'; built-in rewards: .*'cider'"),
+        ("train_scst", ["--objective", "scts"], "objective='scts' is unknown; valid objectives: .*'scst'"),
+        ("train_wtf", ["--wtf_alpha", "1.5"], "wtf_alpha weighs two rewards and must be in \\[0, 1\\], got 1.5"),
+        ("train_spider", ["--xe_learning_rate", "0"], "--xe_learning_rate > 0"),
+    ],
+)
+def test_a_bad_option_fails_when_parsed_before_any_data_or_model(tmp_path, monkeypatch, recipe, arguments, message):
+    module = load_recipe(recipe)
+    monkeypatch.setattr(module, "load_recipe_dataset", lambda script_args: pytest.fail("data loaded"))
+    with pytest.raises(ValueError, match=message):
+        module.main(["--output_dir", str(tmp_path), *arguments])
+
+
+@pytest.mark.parametrize(
+    ("recipe", "option"),
+    [("train_wtf", "discriminator_pretraining_steps"), ("train_actor_critic", "value_pretraining_steps")],
+)
+def test_a_budget_the_pretraining_uses_up_is_refused_before_any_data(tmp_path, monkeypatch, recipe, option):
+    module = load_recipe(recipe)
+    monkeypatch.setattr(module, "load_recipe_dataset", lambda script_args: pytest.fail("data loaded"))
+    with pytest.raises(ValueError, match=f"--max_steps 5 ends within the .* steps of --{option}"):
+        module.main(["--output_dir", str(tmp_path), "--max_steps", "5"])
+
+
+def test_a_budget_in_epochs_the_pretraining_uses_up_is_refused(tiny_show_tell, tmp_path):
+    captioner, processor, shapes = tiny_show_tell
+    model = PolicyValueCaptioner.from_policy(captioner, value_hidden_size=8, value_mlp_hidden_size=8)
+    args = ActorCriticConfig(
+        output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=4, num_train_epochs=2,
+        value_pretraining_steps=4, report_to="none",
+    )  # fmt: skip
+    trainer = RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=shapes["train"])
+    assert trainer.planned_steps() == 4  # 8 images, 4 per step, 2 epochs
+    with pytest.raises(ValueError, match="4 optimizer steps all go to pretraining"):
+        check_the_captioner_gets_steps(trainer)
+    trainer.args.value_pretraining_steps = 3
+    check_the_captioner_gets_steps(trainer)
+    assert trainer.objective.steps_by_phase(4) == {"value_pretraining": 3, "actor_critic": 1}
+
+
+def test_the_spider_recipe_starts_from_the_seeing_xe_captioner():
+    module = load_recipe("train_spider")
+    start = module.ScriptArguments().model_name_or_path
+    config = json.loads((Path(start) / "config.json").read_text())
+    # scene-pretrained CNN, kept fixed, and attention over its grid: the captioner every RL recipe starts from
+    assert config["image_attention"] and config["freeze_image_encoder"]
+    assert start == load_recipe("train_scst").ScriptArguments().model_name_or_path
+    assert module.ScriptArguments().xe_epochs == 0
 
 
 # ------------------------------------------------------------------ paths

@@ -31,11 +31,14 @@ from .trainer.rl_trainer import last_complete_checkpoint
 __all__ = [
     "RecipeArguments",
     "check_pretrained_reference",
+    "check_pretraining_leaves_steps",
+    "check_the_captioner_gets_steps",
     "finish_recipe",
     "load_pretrained_captioner",
     "load_recipe_dataset",
     "new_show_tell_rl",
     "parse_recipe_arguments",
+    "phase_steps_description",
     "pretrain_on_scenes",
     "recipe_model_card",
     "resolve_resume_from_checkpoint",
@@ -106,12 +109,46 @@ def parse_recipe_arguments(
         parser.set_defaults(**defaults)
     argv = sys.argv[1:] if argv is None else argv
     script_args, training_args = parser.parse_args_into_dataclasses(args=_normalise_resume_flag(argv))
+    check_pretraining_leaves_steps(training_args)
     training_args.resume_from_checkpoint = resolve_resume_from_checkpoint(
         training_args.resume_from_checkpoint,
         training_args.output_dir,
         overwrite_output_dir=getattr(script_args, "overwrite_output_dir", False),
     )
     return script_args, training_args
+
+
+def check_pretraining_leaves_steps(training_args: RLCaptionConfig) -> None:
+    """
+    Refuses a `max_steps` that a pretraining phase of the method (its `*_pretraining_steps`, the captioner fixed)
+    uses up: the recipe would end, and write a card, as if the captioner had been trained. `max_steps` counts the
+    pretraining steps too.
+    """
+    for option in (name for name in vars(training_args) if name.endswith("_pretraining_steps")):
+        pretraining_steps = getattr(training_args, option)
+        if 0 < training_args.max_steps <= pretraining_steps:
+            raise ValueError(
+                f"--max_steps {training_args.max_steps} ends within the {pretraining_steps} steps of --{option}, so "
+                f"the captioner would not be trained: set --max_steps above {pretraining_steps} (it counts the "
+                f"pretraining steps too), or lower --{option}."
+            )
+
+
+def check_the_captioner_gets_steps(trainer: RLCaptionTrainer) -> None:
+    """[`check_pretraining_leaves_steps`] for a budget in epochs, once the trainer knows its steps."""
+    steps = trainer.objective.steps_by_phase(trainer.planned_steps())
+    last_phase = trainer.objective.phases()[-1].name
+    if steps[last_phase] == 0:
+        raise ValueError(
+            f"The run's {trainer.planned_steps()} optimizer steps all go to pretraining ({steps}): the captioner "
+            "would not be trained. Train for more steps (--num_train_epochs, --max_steps) or shorten the pretraining."
+        )
+
+
+def phase_steps_description(trainer: RLCaptionTrainer) -> str:
+    """The optimizer steps each phase of the run took, for its model card: `"100 value_pretraining, 125 joint"`."""
+    steps = trainer.objective.steps_by_phase(trainer.state.global_step)
+    return ", ".join(f"{count} {phase}" for phase, count in steps.items())
 
 
 def resolve_resume_from_checkpoint(value: str | bool | None, output_dir: str, overwrite_output_dir: bool = False):
@@ -260,10 +297,12 @@ def recipe_model_card(
     recipe: str,
     training_settings: Mapping[str, object],
     tags: Sequence[str] = (),
+    optimizer_steps: str | None = None,
 ):
     """
     The model card of a recipe's output folder: the method's own summary and settings, and what every recipe says
-    alike (how the test split was decoded and scored, the dataset's limitations).
+    alike (how the test split was decoded and scored, the dataset's limitations). `optimizer_steps` says the steps
+    each phase of the run took ([`phase_steps_description`]).
     """
     repo_id = training_args.hub_model_id or os.path.basename(os.path.normpath(training_args.output_dir))
     beams = training_args.eval_num_beams
@@ -278,6 +317,7 @@ def recipe_model_card(
         training_summary=f"Trained with `examples/{recipe}` of rlcaption (`RLCaptionTrainer`).",
         training_settings={
             **training_settings,
+            **({"optimizer steps": optimizer_steps} if optimizer_steps else {}),
             "batch size": training_args.per_device_train_batch_size,
             "max caption length": training_args.max_caption_length,
             "seed": training_args.seed,
@@ -367,7 +407,8 @@ def train_and_finish(
     The body of a recipe once its model is built: trains `model` on the train split with [`RLCaptionTrainer`]
     (validation split for the evaluations during training, resuming as `training_args.resume_from_checkpoint` says),
     then [`finish_recipe`] with the card `model_card(model, training_args, script_args, scores, num_test_images)` and
-    the method's `extra_scores`. `reward_funcs` (built rewards or names) replace `training_args.reward_funcs`.
+    the method's `extra_scores`. `reward_funcs` (built rewards or names) replace `training_args.reward_funcs`. A run
+    whose steps would all go to pretraining phases is refused before training ([`check_the_captioner_gets_steps`]).
     """
     trainer = RLCaptionTrainer(
         model=model,
@@ -377,10 +418,12 @@ def train_and_finish(
         eval_dataset=dataset.get("validation"),
         reward_funcs=reward_funcs,
     )
+    check_the_captioner_gets_steps(trainer)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
     def card(scores: Mapping[str, float], num_test_images: int):
-        return model_card(model, training_args, script_args, scores, num_test_images)
+        steps = phase_steps_description(trainer)
+        return model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=steps)
 
     finish_recipe(trainer, processor, dataset, script_args, card, extra_scores)
     return trainer

@@ -157,6 +157,15 @@ class CaptionObjective:
             step -= phase.num_steps
         return phases[-1]
 
+    def steps_by_phase(self, num_steps: int) -> dict[str, int]:
+        """The optimizer steps each phase takes in a run of `num_steps` steps, in order; a phase the run does not
+        reach takes 0."""
+        steps = {}
+        for phase in self.phases():
+            steps[phase.name] = num_steps if phase.num_steps is None else min(phase.num_steps, num_steps)
+            num_steps -= steps[phase.name]
+        return steps
+
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """Returns the scalar loss of one batch (a per-batch mean; the trainer scales it for accumulation)."""
         raise NotImplementedError

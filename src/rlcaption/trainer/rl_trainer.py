@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections import defaultdict
@@ -537,6 +538,14 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             train_losses = [entry["train_loss"] for entry in self.state.log_history if "train_loss" in entry]
             return TrainOutput(self.state.global_step, train_losses[-1] if train_losses else float("nan"), {})
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def planned_steps(self) -> int:
+        """The optimizer steps of the whole run: `max_steps`, or the epochs' steps as the Trainer counts them."""
+        if self.args.max_steps > 0:
+            return self.args.max_steps
+        batches = len(self.get_train_dataloader())
+        steps_per_epoch = max(batches // self.args.gradient_accumulation_steps, 1)
+        return math.ceil(self.args.num_train_epochs * steps_per_epoch)
 
     def _reached_max_steps(self, checkpoint: str) -> bool:
         state_file = os.path.join(checkpoint, _CHECKPOINT_COMPLETE_MARKER)

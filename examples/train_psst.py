@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from transformers import set_seed
 
-from rlcaption.listener_evaluation import listener_recall
+from rlcaption.evaluation import listener_recall
 from rlcaption.models import ShowTellRL, SpeakerListener
 from rlcaption.objectives import PSSTConfig
 from rlcaption.recipes import (

@@ -23,7 +23,7 @@ LAYERS = [
     {"metrics"},
     {"processing", "evaluate_modules"},
     {"rewards", "decoding", "scene_pretraining", "templates"},
-    {"rl_config", "evaluation", "inference", "listener_evaluation", "clip_model_card", "gallery", "auto"},
+    {"rl_config", "evaluation", "inference", "clip_model_card", "gallery", "auto"},
     {"objectives"},
     {"trainer"},
     {"recipes"},

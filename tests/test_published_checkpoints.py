@@ -17,8 +17,7 @@ from safetensors.torch import load_file
 from rlcaption.cli import main as cli_main
 from rlcaption.data import load_shapes
 from rlcaption.data.shapes import most_specific_reference
-from rlcaption.evaluation import evaluate_model
-from rlcaption.listener_evaluation import listener_recall
+from rlcaption.evaluation import evaluate_model, listener_recall
 from rlcaption.models import PolicyValueCaptioner, ShowTellRL, ShowTellRLConfig, SpeakerListener
 from rlcaption.processing import CaptionProcessor
 from rlcaption.rewards import get_reward

@@ -5,7 +5,7 @@ import torch
 
 import rlcaption.objectives.psst  # noqa: F401  (registers the `psst` objective)
 from rlcaption.data import CaptionCollator
-from rlcaption.listener_evaluation import listener_recall
+from rlcaption.evaluation import listener_recall
 from rlcaption.metrics import clip_retrieval
 from rlcaption.models import SpeakerListener
 from rlcaption.objectives.psst import vse_hardest_negative_losses, vse_mean_violation_losses

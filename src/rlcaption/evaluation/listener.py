@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import GenerationConfig
 
-from .data.collator import CaptionCollator
-from .decoding import generate_captions, image_inputs_of
-from .metrics import clip_retrieval
-from .metrics.retrieval import retrieval_recall
-from .models.speaker_listener import SpeakerListener
+from ..data.collator import CaptionCollator
+from ..decoding import generate_captions, image_inputs_of
+from ..metrics import clip_retrieval
+from ..metrics.retrieval import retrieval_recall
+from ..models.speaker_listener import SpeakerListener
 
 __all__ = ["listener_recall"]
 

@@ -39,6 +39,15 @@ def make_shapes_clip(processor: CaptionProcessor, image_size: int = 16, seed: in
     return ShapesCLIPModel(config).eval()
 
 
+def save_reward_clip(folder, captions: list[str], seed: int = 1) -> str:
+    """A tiny random shapes CLIP over the words of `captions`, saved in `folder` with its own processor, as the
+    `reward_clip` option names one; returns the folder."""
+    clip_processor = CaptionProcessor.from_captions(captions, image_size=16)
+    make_shapes_clip(clip_processor, image_size=16, seed=seed).save_pretrained(folder)
+    clip_processor.save_pretrained(folder)
+    return str(folder)
+
+
 def make_transformers_clip(processor: CaptionProcessor, image_size: int = 16, seed: int = 0) -> CLIPModel:
     """OpenAI CLIP's architecture in miniature (ViT and text transformer), over the processor's word vocabulary."""
     torch.manual_seed(seed)

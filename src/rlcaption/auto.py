@@ -28,25 +28,18 @@ from rlcaption.processing import CaptionProcessor
 
 __all__: list[str] = []
 
-AutoConfig.register(ShowTellRLConfig.model_type, ShowTellRLConfig, exist_ok=True)
-AutoModel.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
-AutoModelForImageTextToText.register(ShowTellRLConfig, ShowTellRL, exist_ok=True)
-AutoProcessor.register(ShowTellRLConfig, CaptionProcessor, exist_ok=True)
-
-AutoConfig.register(SpeakerListenerConfig.model_type, SpeakerListenerConfig, exist_ok=True)
-AutoModel.register(SpeakerListenerConfig, SpeakerListener, exist_ok=True)
-AutoModelForImageTextToText.register(SpeakerListenerConfig, SpeakerListener, exist_ok=True)
-AutoProcessor.register(SpeakerListenerConfig, CaptionProcessor, exist_ok=True)
-
-AutoConfig.register(ShapesCLIPConfig.model_type, ShapesCLIPConfig, exist_ok=True)
-AutoModel.register(ShapesCLIPConfig, ShapesCLIPModel, exist_ok=True)
-AutoProcessor.register(ShapesCLIPConfig, CaptionProcessor, exist_ok=True)
-
-AutoConfig.register(PolicyValueConfig.model_type, PolicyValueConfig, exist_ok=True)
-AutoModel.register(PolicyValueConfig, PolicyValueCaptioner, exist_ok=True)
-AutoModelForImageTextToText.register(PolicyValueConfig, PolicyValueCaptioner, exist_ok=True)
-AutoProcessor.register(PolicyValueConfig, CaptionProcessor, exist_ok=True)
-
-AutoConfig.register(VisualSemanticEmbeddingConfig.model_type, VisualSemanticEmbeddingConfig, exist_ok=True)
-AutoModel.register(VisualSemanticEmbeddingConfig, VisualSemanticEmbedding, exist_ok=True)
-AutoProcessor.register(VisualSemanticEmbeddingConfig, CaptionProcessor, exist_ok=True)
+# (config, model, whether it captions): every model loads with AutoModel and its processor with AutoProcessor; the
+# captioners also with AutoModelForImageTextToText, the class transformers' captioning pipeline loads
+_MODELS = (
+    (ShowTellRLConfig, ShowTellRL, True),
+    (SpeakerListenerConfig, SpeakerListener, True),
+    (PolicyValueConfig, PolicyValueCaptioner, True),
+    (ShapesCLIPConfig, ShapesCLIPModel, False),
+    (VisualSemanticEmbeddingConfig, VisualSemanticEmbedding, False),
+)
+for config_class, model_class, captions in _MODELS:
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    AutoModel.register(config_class, model_class, exist_ok=True)
+    if captions:
+        AutoModelForImageTextToText.register(config_class, model_class, exist_ok=True)
+    AutoProcessor.register(config_class, CaptionProcessor, exist_ok=True)

@@ -32,10 +32,9 @@ from rlcaption.objectives import (
     WTFObjective,
     XEObjective,
 )
-from rlcaption.processing import CaptionProcessor
 from rlcaption.rl_config import RLCaptionConfig
 from tiny_captioners import make_show_tell
-from tiny_clips import make_shapes_clip
+from tiny_clips import save_reward_clip
 
 MAX_LENGTH = 8
 
@@ -91,12 +90,8 @@ def test_the_fake_trainer_has_the_whole_interface():
 
 @pytest.fixture(scope="module")
 def reward_clip(tmp_path_factory, shapes):
-    folder = tmp_path_factory.mktemp("reward-clip")
     captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    clip_processor = CaptionProcessor.from_captions(captions, image_size=16)
-    make_shapes_clip(clip_processor, image_size=16, seed=1).save_pretrained(folder)
-    clip_processor.save_pretrained(folder)
-    return str(folder)
+    return save_reward_clip(tmp_path_factory.mktemp("reward-clip"), captions)
 
 
 def show_tell(processor):

@@ -23,7 +23,7 @@ from rlcaption.rewards import contrastive as contrastive_module
 from rlcaption.rewards.contrastive import ContrastiveRewards, decoupled_contrastive_rewards
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_foreign_captioner, make_show_tell
-from tiny_clips import make_shapes_clip
+from tiny_clips import save_reward_clip
 
 IMAGE_SIZE = 48
 MAX_LENGTH = 8
@@ -157,11 +157,7 @@ def processor(train_captions):
 @pytest.fixture(scope="module")
 def reward_clip(tmp_path_factory, train_captions):
     """A tiny random shapes CLIP saved as a folder, with its own processor, as `reward_clip` names one."""
-    folder = tmp_path_factory.mktemp("reward-clip")
-    clip_processor = CaptionProcessor.from_captions(train_captions, image_size=16)
-    make_shapes_clip(clip_processor, image_size=16, seed=1).save_pretrained(folder)
-    clip_processor.save_pretrained(folder)
-    return str(folder)
+    return save_reward_clip(tmp_path_factory.mktemp("reward-clip"), train_captions)
 
 
 def make_trainer(model, processor, dataset, output_dir, reward_clip, **overrides):

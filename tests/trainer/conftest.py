@@ -4,7 +4,7 @@ from rlcaption.data import load_shapes
 from rlcaption.models import VisualSemanticEmbedding
 from rlcaption.processing import CaptionProcessor
 from tiny_captioners import make_show_tell
-from tiny_clips import make_shapes_clip
+from tiny_clips import save_reward_clip
 
 IMAGE_SIZE = 48  # small, and divisible by the 16x reduction of the tiny CNN
 
@@ -35,12 +35,8 @@ def tiny_model(tiny_processor):
 @pytest.fixture(scope="session")
 def reward_clip(tmp_path_factory, tiny_shapes):
     """A tiny random shapes CLIP saved as a folder with its own processor, as `reward_clip` names one."""
-    folder = tmp_path_factory.mktemp("reward-clip")
     captions = [caption for captions in tiny_shapes["train"]["captions"] for caption in captions]
-    clip_processor = CaptionProcessor.from_captions(captions, image_size=16)
-    make_shapes_clip(clip_processor, image_size=16, seed=1).save_pretrained(folder)
-    clip_processor.save_pretrained(folder)
-    return str(folder)
+    return save_reward_clip(tmp_path_factory.mktemp("reward-clip"), captions)
 
 
 @pytest.fixture(scope="session")

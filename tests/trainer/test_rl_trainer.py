@@ -427,3 +427,17 @@ def test_rouge_l_is_one_name_for_the_reward_and_the_metric(tiny_model, tiny_proc
     assert "eval_ROUGE_L" in trainer.evaluate()
     with pytest.raises(ValueError, match="Unknown reward 'rouge'.*rouge_l"):
         get_reward("rouge")
+
+
+def test_recorded_tensors_are_read_at_the_log_and_averaged_with_floats(
+    tiny_model, tiny_processor, tiny_shapes, tmp_path
+):
+    trainer = make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe")
+    loss = torch.tensor(2.0, requires_grad=True) * 1.5  # part of a graph: kept detached, not read in the step
+    trainer.record_metric("mixed", loss)
+    trainer.record_metric("mixed", 1.0)
+    trainer.record_metric("mixed", torch.tensor([4.0], dtype=torch.float64))
+    assert trainer._recorded_metrics["mixed"][0].requires_grad is False
+    assert trainer._gathered_recorded_metrics() == {"mixed": pytest.approx((3.0 + 1.0 + 4.0) / 3)}
+    with pytest.raises(ValueError, match="'per_token' must be a scalar, got a tensor of shape \\(2,\\)"):
+        trainer.record_metric("per_token", torch.ones(2))

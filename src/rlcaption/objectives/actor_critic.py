@@ -286,7 +286,7 @@ class ActorCriticObjective(CaptionObjective):
             token_log_probs, state_values, rewards, token_mask, args.loss_normalization
         )
         self._record(state_values.detach(), rewards, token_mask, value_loss)
-        trainer.record_metric("policy_loss", float(policy_loss.detach()))
+        trainer.record_metric("policy_loss", policy_loss)
         return policy_loss + args.value_loss_weight * value_loss
 
     def _record(

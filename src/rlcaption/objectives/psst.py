@@ -262,8 +262,8 @@ class PSSTObjective(CaptionObjective):
     def _record_listener_metrics(self, listener_losses: torch.Tensor, similarities: torch.Tensor) -> None:
         similarities = similarities.detach()
         own_image_first = similarities.argmax(dim=1) == torch.arange(len(similarities), device=similarities.device)
-        self.trainer.record_metric("listener_loss", float(listener_losses.detach().mean()))
-        self.trainer.record_metric("listener_batch_R@1", float(own_image_first.float().mean()))
+        self.trainer.record_metric("listener_loss", listener_losses.mean())
+        self.trainer.record_metric("listener_batch_R@1", own_image_first.float().mean())
 
     def discriminability_terms(self, model: nn.Module, inputs: dict[str, Any]) -> DiscriminabilityTerms:
         """

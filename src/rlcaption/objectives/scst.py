@@ -107,8 +107,8 @@ class SCSTObjective(CaptionObjective):
         # mode, no dropout: see rlcaption.decoding), with gradient, through the wrapped model
         image_inputs = image_inputs_of(inputs)
         mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
-        trainer.record_metric("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
-        trainer.record_metric("sample_length", float(mask.sum(dim=1).mean()))
+        trainer.record_metric("advantage_std", advantages.std() if advantages.numel() > 1 else 0.0)
+        trainer.record_metric("sample_length", mask.sum(dim=1).mean())
         if args.entropy_bonus_weight == 0:
             log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
             return policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
@@ -118,6 +118,6 @@ class SCSTObjective(CaptionObjective):
             model, image_inputs, samples.sequences, image_index=sample_index
         )
         entropy = mean_token_entropy(entropies, mask)
-        trainer.record_metric("entropy", float(entropy.detach()))
+        trainer.record_metric("entropy", entropy)
         loss = policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
         return loss - args.entropy_bonus_weight * entropy

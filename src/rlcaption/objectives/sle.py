@@ -201,8 +201,8 @@ class SLEObjective(CaptionObjective):
         off_diagonal = ~np.eye(num_samples, dtype=bool)
         trainer.record_metric("pairwise_distance", float(distances[:, off_diagonal].mean()))
         # at least 2 samples per image (s >= 2): the standard deviations are defined
-        trainer.record_metric("precision_advantage_std", float(precision.std()))
-        trainer.record_metric("diversity_advantage_std", float(diversity.std()))
-        trainer.record_metric("advantage_std", float(advantages.std()))
-        trainer.record_metric("sample_length", float(mask.sum(dim=1).mean()))
+        trainer.record_metric("precision_advantage_std", precision.std())
+        trainer.record_metric("diversity_advantage_std", diversity.std())
+        trainer.record_metric("advantage_std", advantages.std())
+        trainer.record_metric("sample_length", mask.sum(dim=1).mean())
         return loss

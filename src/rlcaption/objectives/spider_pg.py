@@ -494,14 +494,14 @@ class SpiderPGObjective(CaptionObjective):
         scored = token_mask.bool()
         q, baseline = q_values[scored], baseline_values[scored]
         advantages = q - baseline
-        record("policy_loss", float(policy_loss.detach()))
-        record("baseline_loss", float(baseline_loss.detach()))
-        record("q_mean", float(q.mean()))
-        record("baseline_mean", float(baseline.mean()))
+        record("policy_loss", policy_loss.detach())
+        record("baseline_loss", baseline_loss.detach())
+        record("q_mean", q.mean())
+        record("baseline_mean", baseline.mean())
         record("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
         # 1 − Var(Q − B) / Var(Q): how much of Q's spread the baseline explains (0 for a constant baseline)
         q_variance = float(q.var()) if q.numel() > 1 else 0.0
         if q_variance > 0:
             record("baseline_explained_variance", 1.0 - float(advantages.var()) / q_variance)
-        record("sample_length", float(token_mask.sum(dim=1).mean()))
-        record("rollout_captions", float(rollouts.caption_index.numel()))
+        record("sample_length", token_mask.sum(dim=1).mean())
+        record("rollout_captions", rollouts.caption_index.numel())

@@ -458,24 +458,24 @@ class WTFObjective(CaptionObjective):
     def _record_discriminator(self, loss: torch.Tensor, probabilities: torch.Tensor, labels: torch.Tensor) -> None:
         record = self.trainer.record_metric
         batch_size = len(labels) // 2
-        record("discriminator_loss", float(loss.detach()))
-        record("discriminator_accuracy", float(((probabilities > 0.5).double() == labels.double()).double().mean()))
-        record("discriminator/ground_truth_probability", float(probabilities[:batch_size].mean()))
-        record("discriminator/beam_probability", float(probabilities[batch_size:].mean()))
+        record("discriminator_loss", loss.detach())
+        record("discriminator_accuracy", ((probabilities > 0.5).double() == labels.double()).double().mean())
+        record("discriminator/ground_truth_probability", probabilities[:batch_size].mean())
+        record("discriminator/beam_probability", probabilities[batch_size:].mean())
 
     def _record_rewards(self, parts, beam_rewards, ground_truth_rewards, policy_loss, beam_sequences) -> None:
         record = self.trainer.record_metric
         for name, contrastive in (("beam", parts.beam), ("ground_truth", parts.ground_truth)):
-            record(f"similarity/{name}", float(contrastive.similarity.mean()))
-            record(f"reward/{name}/i2t", float(contrastive.i2t.mean()))
-            record(f"reward/{name}/t2i", float(contrastive.t2i.mean()))
-        record("similarity/greedy", float(parts.greedy_similarity.mean()))
+            record(f"similarity/{name}", contrastive.similarity.mean())
+            record(f"reward/{name}/i2t", contrastive.i2t.mean())
+            record(f"reward/{name}/t2i", contrastive.t2i.mean())
+        record("similarity/greedy", parts.greedy_similarity.mean())
         # the rewards the variant weighs its trajectories by
         for name, rewards in (("beam", beam_rewards), ("ground_truth", ground_truth_rewards)):
             if rewards is not None:
-                record(f"reward/{name}", float(rewards.mean()))
-        record("policy_loss", float(policy_loss.detach()))
-        record("beam_length", float(caption_token_mask(beam_sequences, self.trainer.eos_token_id).sum(dim=1).mean()))
+                record(f"reward/{name}", rewards.mean())
+        record("policy_loss", policy_loss.detach())
+        record("beam_length", caption_token_mask(beam_sequences, self.trainer.eos_token_id).sum(dim=1).mean())
 
 
 def _pixel_normalisation(processor: Any) -> dict[str, Sequence[float]]:

@@ -73,5 +73,5 @@ class XEObjective(CaptionObjective):
         )  # (N, T-1, V)
         targets = input_ids[:, 1:].masked_fill(attention_mask[:, 1:] == 0, -100)  # (N, T-1)
         loss = label_smoothed_cross_entropy(logits, targets, smoothing=self.args.label_smoothing_factor)
-        self.trainer.record_metric("num_caption_tokens", float((targets != -100).sum()))
+        self.trainer.record_metric("num_caption_tokens", (targets != -100).sum())
         return loss

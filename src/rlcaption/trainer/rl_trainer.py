@@ -100,6 +100,20 @@ class _ResetAuxiliaryGradients(TrainerCallback):
             network.module.zero_grad(set_to_none=True)
 
 
+def _on_the_host(recorded: Mapping[str, list[float | torch.Tensor]]) -> list[tuple[str, list[float]]]:
+    """The recorded metrics as floats, the tensors among them copied to the host together, one copy per device."""
+    tensors = [value for values in recorded.values() for value in values if isinstance(value, torch.Tensor)]
+    host_values: dict[int, float] = {}
+    for device in {tensor.device for tensor in tensors}:
+        on_device = [tensor for tensor in tensors if tensor.device == device]
+        floats = torch.stack([tensor.float().reshape(()) for tensor in on_device]).tolist()
+        host_values.update(zip(map(id, on_device), floats, strict=True))
+    return [
+        (name, [host_values[id(value)] if isinstance(value, torch.Tensor) else float(value) for value in values])
+        for name, values in recorded.items()
+    ]
+
+
 class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
     """
     Trains a captioning model with the objective named by `args.objective` (`xe`, `scst`, ...).
@@ -431,7 +445,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         except Exception as error:  # every process must hear of it: see _stop_every_process_on
             failure = error
         self._stop_every_process_on(failure)
-        self.record_metric("loss_" + self.args.objective, float(loss.detach()))
+        self.record_metric("loss_" + self.args.objective, loss)
         phases = self.objective.phases()
         if len(phases) > 1:
             self.record_metric("objective_phase", float(phases.index(self.objective.current_phase())))
@@ -459,8 +473,16 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             f"{message}"
         ) from failure
 
-    def record_metric(self, name: str, value: float) -> None:
-        """Adds a scalar to be averaged into the next training log, over its values on every process."""
+    def record_metric(self, name: str, value: float | torch.Tensor) -> None:
+        """
+        Adds a scalar to be averaged into the next training log, over its values on every process. A 0-dim tensor is
+        kept as it is and read at the log, all of them in one transfer: reading each in the step would wait for the
+        device every time.
+        """
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"Metric {name!r} must be a scalar, got a tensor of shape {tuple(value.shape)}.")
+            value = value.detach()
         self._recorded_metrics[name].append(value)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -477,7 +499,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
     def _gathered_recorded_metrics(self) -> dict[str, float]:
         """The mean of every recorded metric over all its values on all processes; collective: every process calls
         it at the same log. A metric some processes did not record is averaged over the values of the others."""
-        local = {name: (float(np.sum(values)), len(values)) for name, values in self._recorded_metrics.items()}
+        local = {name: (float(np.sum(values)), len(values)) for name, values in _on_the_host(self._recorded_metrics)}
         self._recorded_metrics.clear()
         parts = gather_object([local]) if self.accelerator.num_processes > 1 else [local]
         totals: dict[str, list[float]] = {}

@@ -183,14 +183,15 @@ def _features_dataset(shard_paths: list[Path], num_rows: int, cache_dir: Path) -
     else:
         feature_type = datasets.Array2D(shape=per_image, dtype="float32")
 
-    def rows(paths: list[str]):
+    def rows(paths: tuple[str, ...]):
         for path in paths:
             yield from ({FEATURES_COLUMN: features} for features in np.load(path, mmap_mode="r"))
 
     return datasets.Dataset.from_generator(
         rows,
         features=datasets.Features({FEATURES_COLUMN: feature_type}),
-        gen_kwargs={"paths": [str(path) for path in shard_paths]},
+        # a tuple, not a list: `datasets` would split a list into one generator call per item
+        gen_kwargs={"paths": tuple(str(path) for path in shard_paths)},
         cache_dir=str(cache_dir),
     )
 

@@ -67,6 +67,16 @@ def test_karpathy_split_selection_and_restval(karpathy_coco, tmp_path):
         load_karpathy(karpathy_coco, tmp_path / "images", splits=["dev2"])
 
 
+def test_karpathy_without_images_root_has_captions_and_ids_only(tmp_path):
+    splits = ["train", "restval", "val", "test"]
+    json_path = _write_karpathy(tmp_path, [_karpathy_entry(i, split) for i, split in enumerate(splits)], draw=False)
+    dataset = load_karpathy(json_path, images_root=None)  # no image file exists: none is looked for
+    assert list(dataset) == ["train", "validation", "test"]
+    assert dataset["train"].column_names == ["captions", "image_id"]
+    assert dataset["train"]["image_id"] == [1000, 1001]
+    assert dataset["test"][0]["captions"][0] == "Caption 0 of image 3."
+
+
 def test_karpathy_flickr_format_uses_imgid_and_no_filepath(tmp_path):
     entries = [_karpathy_entry(i, split, coco=False) for i, split in enumerate(["train", "val", "test"])]
     entries[0]["sentences"] = [{"tokens": ["a", "dog", "runs"]}]  # no raw sentence: tokens are joined

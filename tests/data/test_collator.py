@@ -164,3 +164,50 @@ def test_rows_without_an_image_id_get_no_invented_one(processor):
     ]
     batch = CaptionCollator(processor)(rows)
     assert "image_id" not in batch and batch["references"] == [CAPTIONS[:1]] * 2
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Grids and regions: (N_i, F) features per image, padded with a mask
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_regions_of_varying_count_are_padded_and_masked(processor):
+    rows = [
+        {"image_features": np.full((2, 3), 1.0), "image_boxes": np.full((2, 4), 5.0), "captions": CAPTIONS[:1]},
+        {"image_features": np.full((4, 3), 2.0), "image_boxes": np.full((4, 4), 6.0), "captions": CAPTIONS[1:2]},
+    ]
+    batch = CaptionCollator(processor)(rows)
+    assert batch["image_features"].shape == (2, 4, 3) and batch["image_features"].dtype == torch.float32
+    assert batch["image_feature_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert batch["image_feature_mask"].dtype == torch.long
+    assert batch["image_features"][0].tolist() == [[1.0] * 3] * 2 + [[0.0] * 3] * 2
+    assert torch.equal(batch["image_features"][1], torch.full((4, 3), 2.0))
+    assert batch["image_boxes"].shape == (2, 4, 4) and batch["image_boxes"][0, 2:].eq(0).all()
+
+
+def test_fixed_grids_get_a_full_mask(processor):
+    rows = [{"image_features": [[float(i)] * 2] * 3, "captions": CAPTIONS[:1]} for i in range(2)]
+    batch = CaptionCollator(processor, tokenize_references=False)(rows)
+    assert batch["image_features"].shape == (2, 3, 2)
+    assert batch["image_feature_mask"].eq(1).all()
+
+
+@pytest.mark.parametrize(
+    "second, message",
+    [
+        ({"image_features": np.zeros((2, 5))}, r"image_id 8 has image_features of shape \(2, 5\).*width 3"),
+        ({"image_features": np.zeros(3)}, r"image_id 8 has image_features of shape \(3,\)"),
+        ({"image_features": np.zeros((0, 3))}, r"image_id 8 has image_features of shape \(0, 3\).*at least one"),
+        (
+            {"image_features": np.zeros((2, 3)), "image_boxes": np.zeros((1, 4))},
+            r"image_id 8 has 1 image_boxes for 2 regions",
+        ),
+    ],
+)
+def test_regions_that_cannot_be_padded_name_their_row(processor, second, message):
+    rows = [
+        {"image_features": np.zeros((2, 3)), "image_boxes": np.zeros((2, 4)), "captions": CAPTIONS[:1], "image_id": 7},
+        {"image_boxes": np.zeros((2, 4)), **second, "captions": CAPTIONS[:1], "image_id": 8},
+    ]
+    with pytest.raises(ValueError, match=message):
+        CaptionCollator(processor)(rows)

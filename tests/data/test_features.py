@@ -1,4 +1,5 @@
 import argparse
+import json
 import shutil
 
 import datasets
@@ -6,7 +7,16 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from transformers import ViTConfig, ViTImageProcessor, ViTModel
+from transformers import (
+    AutoImageProcessor,
+    AutoModel,
+    ConvNextImageProcessor,
+    ResNetConfig,
+    ResNetModel,
+    ViTConfig,
+    ViTImageProcessor,
+    ViTModel,
+)
 
 from rlcaption.data import features as features_module
 from rlcaption.data import load_shapes
@@ -40,6 +50,17 @@ def tiny_vit(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tiny_resnet(tmp_path_factory):
+    """A randomly initialised 2-stage ResNet whose last feature map is 4x4x12 for 32-pixel images."""
+    path = tmp_path_factory.mktemp("tiny-resnet")
+    torch.manual_seed(0)
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 12], depths=[1, 1], num_channels=3)
+    ResNetModel(config).save_pretrained(path)
+    ConvNextImageProcessor(size={"shortest_edge": 32}).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     return load_shapes(num_train=13, num_validation=5, num_test=4, cache_dir=tmp_path_factory.mktemp("shapes"))
 
@@ -52,6 +73,18 @@ def _reference_features(dataset: datasets.Dataset, model_path: str) -> np.ndarra
     for image in dataset["image"]:
         with torch.no_grad():
             rows.append(model(**processor(images=image, return_tensors="pt")).pooler_output[0].numpy())
+    return np.stack(rows)
+
+
+def _reference_grids(dataset: datasets.Dataset, model_path: str) -> np.ndarray:
+    """The backbone's last hidden state image by image, as `(num_images, num_positions, feature_size)`."""
+    model = AutoModel.from_pretrained(model_path).eval()
+    processor = AutoImageProcessor.from_pretrained(model_path)
+    rows = []
+    for image in dataset["image"]:
+        with torch.no_grad():
+            hidden = model(**processor(images=image, return_tensors="pt")).last_hidden_state[0]
+        rows.append((hidden if hidden.dim() == 2 else hidden.flatten(1).T).numpy())  # (C, H, W) -> (H * W, C)
     return np.stack(rows)
 
 
@@ -152,3 +185,76 @@ def test_backbone_by_hub_id_from_a_local_hub_cache(shapes, tiny_vit, tmp_path, m
     np.testing.assert_allclose(
         np.asarray(result["test"]["image_features"]), _reference_features(shapes["test"], tiny_vit), atol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    "backbone, grid_shape",
+    [("tiny_resnet", (16, 12)), ("tiny_vit", (17, 16))],  # a 4x4 feature map; the [CLS] token and 4x4 patches
+)
+def test_grid_features_keep_every_position(shapes, backbone, grid_shape, request, tmp_path):
+    model_path = request.getfixturevalue(backbone)
+    result = extract_features(shapes, model_path, tmp_path, batch_size=4, shard_size=5, pooling="none")
+    assert result["train"].features["image_features"] == datasets.Array2D(shape=grid_shape, dtype="float32")
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    assert manifest["pooling"] == "none" and manifest["feature_shape"] == list(grid_shape)
+    for split in result:
+        grids = np.asarray(result[split].with_format("numpy")["image_features"])
+        assert grids.shape == (shapes[split].num_rows, *grid_shape)
+        np.testing.assert_allclose(grids, _reference_grids(shapes[split], model_path), atol=1e-5)
+    assert not list(tmp_path.glob(".features-cache-*"))  # the dataset is built through a cache removed after
+
+
+def test_grid_extraction_resumes_after_interruption(shapes, tiny_resnet, tmp_path, monkeypatch):
+    original = features_module._extract_shard
+    calls = []
+    crash_at_call = [2]
+
+    def crash_on_second_shard(dataset, start, stop, *args):
+        calls.append((dataset.split, start))
+        if len(calls) == crash_at_call[0]:
+            raise SimulatedInterruption  # the process is stopped in the middle of the second shard
+        return original(dataset, start, stop, *args)
+
+    monkeypatch.setattr(features_module, "_extract_shard", crash_on_second_shard)
+    output_dir = tmp_path / "resumed"
+    with pytest.raises(SimulatedInterruption):
+        extract_features(shapes, tiny_resnet, output_dir, split="train", shard_size=5, pooling="none")
+    assert [path.name for path in (output_dir / "shards" / "train").iterdir()] == ["shard-00000.npy"]
+    assert np.load(output_dir / "shards" / "train" / "shard-00000.npy").shape == (5, 16, 12)
+
+    calls.clear()
+    crash_at_call[0] = None
+    resumed = extract_features(shapes, tiny_resnet, output_dir, split="train", shard_size=5, pooling="none")
+    assert calls == [("train", 5), ("train", 10)]  # the finished shard is not recomputed
+    np.testing.assert_allclose(
+        np.asarray(resumed["train"].with_format("numpy")["image_features"]),
+        _reference_grids(shapes["train"], tiny_resnet),
+        atol=1e-5,
+    )
+    with pytest.raises(ValueError, match="pooling='none', not 'auto'"):
+        extract_features(shapes, tiny_resnet, output_dir, split="train", shard_size=5)
+
+
+def test_unknown_pooling_and_pooled_manifests_of_older_versions(shapes, tiny_vit, tmp_path):
+    with pytest.raises(ValueError, match=r"Unknown pooling 'max'; expected one of \('auto', 'none'\)"):
+        extract_features(shapes, tiny_vit, tmp_path, split="test", pooling="max")
+    extract_features(shapes, tiny_vit, tmp_path, split="test")
+    manifest_path = tmp_path / "shards" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["feature_shape"] == [16]
+    del manifest["pooling"]  # written before the pooling could be chosen: it pooled
+    manifest_path.write_text(json.dumps(manifest))
+    extract_features(shapes, tiny_vit, tmp_path, split="test")
+    with pytest.raises(ValueError, match="pooling='auto', not 'none'"):
+        extract_features(shapes, tiny_vit, tmp_path, split="test", pooling="none")
+
+
+def test_command_line_grid_features(shapes, tiny_vit, tmp_path):
+    saved = tmp_path / "saved"
+    shapes.save_to_disk(str(saved))
+    parser = configure_extract_features_parser(argparse.ArgumentParser())
+    arguments = ["--dataset", str(saved), "--model", tiny_vit, "--output-dir", str(tmp_path / "cli")]
+    result = run_extract_features(parser.parse_args([*arguments, "--split", "test", "--pooling", "none"]))
+    assert np.asarray(result["test"][0]["image_features"]).shape == (17, 16)
+    with pytest.raises(SystemExit):
+        parser.parse_args([*arguments, "--pooling", "max"])

@@ -91,15 +91,37 @@ def test_pooling_rules():
         pool_image_features(Output())
 
 
+def test_pooling_none_keeps_every_position():
+    class Output:
+        def __init__(self, pooler_output=None, last_hidden_state=None):
+            self.pooler_output = pooler_output
+            self.last_hidden_state = last_hidden_state
+
+    tokens = torch.arange(24.0).reshape(2, 3, 4)
+    assert torch.equal(pool_image_features(Output(torch.ones(2, 4), tokens), pooling="none"), tokens)
+    feature_map = torch.arange(48.0).reshape(2, 4, 2, 3)  # (B, C, H, W)
+    grid = pool_image_features(Output(torch.ones(2, 4, 1, 1), feature_map), pooling="none")
+    assert grid.shape == (2, 6, 4)  # (B, H * W, C), row by row
+    assert torch.equal(grid[1, 4], feature_map[1, :, 1, 1])
+    with pytest.raises(ValueError, match=r"shape \(2, 7\).*a grid needs the backbone's hidden states"):
+        pool_image_features(torch.ones(2, 7), pooling="none")
+    with pytest.raises(ValueError, match=r"Unknown pooling 'max'; expected one of \('auto', 'none'\)"):
+        pool_image_features(Output(last_hidden_state=tokens), pooling="max")
+
+
 def test_backbone_encoder_and_feature_extraction_pool_in_one_place(monkeypatch):
     assert feature_extraction.pool_image_features is pool_image_features
-    calls = []
-    monkeypatch.setattr(
-        encoders, "pool_image_features", lambda outputs: calls.append(outputs) or pool_image_features(outputs)
-    )
+    poolings = []
+
+    def recording_pool(outputs, pooling="auto"):
+        poolings.append(pooling)
+        return pool_image_features(outputs, pooling=pooling)
+
+    monkeypatch.setattr(encoders, "pool_image_features", recording_pool)
     config = ResNetConfig(embedding_size=8, hidden_sizes=[8], depths=[1], num_channels=3)
-    BackboneImageEncoder(config.to_dict(), freeze=True)(torch.randn(1, 3, 16, 16))
-    assert len(calls) == 1
+    pooled, grid = BackboneImageEncoder(config.to_dict(), freeze=True).forward_with_grid(torch.randn(1, 3, 16, 16))
+    assert poolings == ["auto", "none"]  # the pooled vector and the grid attention reads
+    assert pooled.shape == (1, 8) and grid.shape == (1, 4 * 4, 8)
 
 
 def test_encoder_types_are_named_in_one_place():

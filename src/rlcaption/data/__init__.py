@@ -1,14 +1,19 @@
-"""Datasets: the embedded synthetic shapes dataset, COCO / Flickr loaders, image handling, feature extraction."""
+"""Datasets: the embedded synthetic shapes dataset, COCO / Flickr loaders, image handling, feature extraction,
+released region features."""
 
 from .coco import load_caption_imagefolder, load_coco, load_karpathy
 from .collator import CaptionCollator
 from .features import extract_features
 from .images import check_image_files, convert_to_rgb, find_undecodable_images, open_image
 from .loading import check_dataset_images, load_caption_dataset
+from .regions import BottomUpTSVRegions, RegionFeatureFolder, add_region_features, open_region_features
 from .shapes import load_shapes
 
 __all__ = [
+    "BottomUpTSVRegions",
     "CaptionCollator",
+    "RegionFeatureFolder",
+    "add_region_features",
     "check_dataset_images",
     "check_image_files",
     "convert_to_rgb",
@@ -20,4 +25,5 @@ __all__ = [
     "load_karpathy",
     "load_shapes",
     "open_image",
+    "open_region_features",
 ]

@@ -3,9 +3,10 @@ files, and image folders with a `metadata.jsonl`.
 
 All return a `datasets.DatasetDict` with the columns of the shapes dataset except `scene`: `image`
 (`datasets.Image`, decoded lazily from the file path), `captions` (list of `str`, at least one) and `image_id`
-(`int`). Every loader checks that all image files exist and decode before returning, so that a missing or corrupt
-file fails at once, with one error listing the count and the first paths, instead of stopping training mid-run;
-`skip_unreadable_images=True` drops the files that do not decode instead, naming them in a warning.
+(`int`); `load_karpathy` without `images_root` leaves out `image`, for precomputed features joined by image id
+(`rlcaption.data.regions`). Every loader checks that all image files exist and decode before returning, so that a
+missing or corrupt file fails at once, with one error listing the count and the first paths, instead of stopping
+training mid-run; `skip_unreadable_images=True` drops the files that do not decode instead, naming them in a warning.
 """
 
 from __future__ import annotations
@@ -93,9 +94,10 @@ def _require_key(entry: dict, key: str, where: str) -> Any:
 
 
 def _build_dataset_dict(
-    records: dict[str, list[tuple[str, list[str], int]]], verify_images: bool, skip_unreadable_images: bool
+    records: dict[str, list[tuple[str | None, list[str], int]]], verify_images: bool, skip_unreadable_images: bool
 ) -> datasets.DatasetDict:
-    """`records[split]` lists `(image path, captions, image id)`; all files are checked before anything is built."""
+    """`records[split]` lists `(image path, captions, image id)`; all files are checked before anything is built.
+    Records without image paths (`None`) make splits without an `image` column."""
     image_ids = [image_id for rows in records.values() for _, _, image_id in rows]
     if len(set(image_ids)) != len(image_ids):
         duplicated = sorted(image_id for image_id, count in Counter(image_ids).items() if count > 1)[:5]
@@ -103,8 +105,10 @@ def _build_dataset_dict(
             f"image_id values must be unique (the metrics key references by them); duplicated: {duplicated}."
         )
     paths = [path for rows in records.values() for path, _, _ in rows]
-    check_image_files(paths, verify=verify_images and not skip_unreadable_images)
-    if skip_unreadable_images:
+    with_images = None not in paths
+    if with_images:
+        check_image_files(paths, verify=verify_images and not skip_unreadable_images)
+    if with_images and skip_unreadable_images:
         undecodable = find_undecodable_images(paths)
         if undecodable:
             listing = "\n".join(f"  {paths[position]} ({problem})" for position, problem in undecodable.items())
@@ -112,6 +116,8 @@ def _build_dataset_dict(
             skipped = {paths[position] for position in undecodable}
             records = {split: [row for row in rows if row[0] not in skipped] for split, rows in records.items()}
     features = caption_features()
+    if not with_images:
+        del features["image"]
     splits = {}
     for split in sorted(records, key=lambda name: (_SPLIT_ORDER + (name,)).index(name)):
         rows = records[split]
@@ -120,6 +126,8 @@ def _build_dataset_dict(
             "captions": [captions for _, captions, _ in rows],
             "image_id": [image_id for _, _, image_id in rows],
         }
+        if not with_images:
+            del columns["image"]
         splits[split] = datasets.Dataset.from_dict(columns, features=features, split=datasets.NamedSplit(split))
     return datasets.DatasetDict(splits)
 
@@ -138,7 +146,7 @@ def _normalize_split_names(splits: Iterable[str] | None, allowed: Sequence[str])
 
 def load_karpathy(
     json_path: str | os.PathLike,
-    images_root: str | os.PathLike,
+    images_root: str | os.PathLike | None,
     splits: Iterable[str] | None = None,
     restval_to_train: bool = True,
     verify_images: bool = True,
@@ -153,8 +161,10 @@ def load_karpathy(
 
     Args:
         json_path (`str` or `os.PathLike`): the Karpathy JSON file.
-        images_root (`str` or `os.PathLike`): folder the image paths are relative to (for COCO, the folder holding
-            `train2014/` and `val2014/`).
+        images_root (`str` or `os.PathLike`, *optional*): folder the image paths are relative to (for COCO, the
+            folder holding `train2014/` and `val2014/`); `None` for captions and image ids only, without an `image`
+            column or any image file, to join precomputed features to
+            ([`rlcaption.data.regions.add_region_features`]).
         splits (`Iterable[str]`, *optional*): splits to return among `train`, `validation` (or `val`), `test` and
             `restval`; all present splits by default.
         restval_to_train (`bool`, *optional*, defaults to `True`): add Karpathy's `restval` images (the remaining
@@ -166,8 +176,8 @@ def load_karpathy(
             naming them in a warning, instead of raising.
 
     Returns:
-        `datasets.DatasetDict`: splits among `train`, `validation`, `test` (and `restval`), columns `image`,
-        `captions`, `image_id` (`cocoid` for COCO, `imgid` otherwise).
+        `datasets.DatasetDict`: splits among `train`, `validation`, `test` (and `restval`), columns `image` (unless
+        `images_root` is `None`), `captions`, `image_id` (`cocoid` for COCO, `imgid` otherwise).
 
     Raises:
         `FileNotFoundError`: if the JSON file or image files are missing (one error listing the count and the first
@@ -178,7 +188,7 @@ def load_karpathy(
     data = _read_json(json_path, "Karpathy split file")
     entries = _require_key(data, "images", f"Karpathy split file {json_path}")
     wanted = _normalize_split_names(splits, ("train", "validation", "test", "restval"))
-    records: dict[str, list[tuple[str, list[str], int]]] = defaultdict(list)
+    records: dict[str, list[tuple[str | None, list[str], int]]] = defaultdict(list)
     for position, entry in enumerate(entries):
         where = f"Entry {position} of {json_path}"
         filename = _require_key(entry, "filename", where)
@@ -202,7 +212,8 @@ def load_karpathy(
             for sentence in sentences
         ]
         captions = validate_captions(raw_captions, relative_path)
-        records[split].append((str(Path(images_root) / relative_path), captions, image_id))
+        image_path = None if images_root is None else str(Path(images_root) / relative_path)
+        records[split].append((image_path, captions, image_id))
     if not records:
         raise ValueError(f"No images of split(s) {sorted(wanted) if wanted else 'any'} in {json_path}.")
     return _build_dataset_dict(records, verify_images, skip_unreadable_images)

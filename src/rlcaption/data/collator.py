@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..captioners import CaptionTokens
@@ -13,7 +14,7 @@ from ..captioners import CaptionTokens
 __all__ = ["CaptionCollator"]
 
 # Columns the collator turns into tensors or reads itself; any other column is passed through as a list.
-_HANDLED_COLUMNS = ("image", "pixel_values", "image_features", "captions", "image_id")
+_HANDLED_COLUMNS = ("image", "pixel_values", "image_features", "image_boxes", "captions", "image_id")
 
 
 class CaptionCollator:
@@ -22,6 +23,10 @@ class CaptionCollator:
     `image_id`, and any others) into:
 
     - `pixel_values` (`torch.FloatTensor` of shape `(B, 3, H, W)`) or `image_features` (`(B, F)`);
+    - for rows whose `image_features` are a grid or regions (`(N_i, F)` per row, `N_i` varying with the image, as
+      `rlcaption.data.regions` gives them): `image_features` (`torch.FloatTensor` of shape `(B, N, F)`, `N` the
+      largest `N_i`, zero-padded) and `image_feature_mask` (`torch.LongTensor` of shape `(B, N)`, 1 for a real
+      region, 0 for padding), and `image_boxes` (`(B, N, 4)`, zero-padded) when the rows have them;
     - `references` (`list[list[str]]`): every reference of every image, as written;
     - `image_id` (`list`): the rows' ids (rewards cache reference statistics by them), when the rows have one;
     - `caption_input_ids`, `caption_attention_mask` (`(N, T)`) and `caption_image_index` (`(N,)`, the row of
@@ -79,7 +84,13 @@ class CaptionCollator:
         first = rows[0]
         # 1. image inputs
         if "image_features" in first and first["image_features"] is not None:
-            batch["image_features"] = _stack_rows(rows, "image_features")
+            if np.ndim(first["image_features"]) == 2:
+                batch["image_features"], batch["image_feature_mask"] = _pad_regions(rows, "image_features")
+                if first.get("image_boxes") is not None:
+                    batch["image_boxes"], boxes_mask = _pad_regions(rows, "image_boxes")
+                    _check_boxes_match_regions(rows, boxes_mask, batch["image_feature_mask"])
+            else:
+                batch["image_features"] = _stack_rows(rows, "image_features")
         elif "pixel_values" in first and first["pixel_values"] is not None:
             batch["pixel_values"] = _stack_rows(rows, "pixel_values")
         elif "image" in first:
@@ -186,6 +197,43 @@ def _stack_rows(rows: Sequence[dict[str, Any]], column: str) -> torch.FloatTenso
                 f"{column} of every image with the same extractor and settings."
             )
     return torch.stack(tensors).float()
+
+
+def _pad_regions(rows: Sequence[dict[str, Any]], column: str) -> tuple[torch.FloatTensor, torch.LongTensor]:
+    """The `(N_i, F)` arrays of `column` zero-padded to `(B, max N_i, F)`, and the mask `(B, max N_i)` of the rows'
+    real positions; a row of another width or of another number of dimensions is named."""
+    arrays = [np.asarray(row[column], dtype=np.float32) for row in rows]
+    width = arrays[0].shape[-1]
+    for position, array in enumerate(arrays):
+        if array.ndim != 2 or array.shape[1] != width or array.shape[0] == 0:
+            row_name = _name_row(rows[position], position)
+            raise ValueError(
+                f"{row_name[0].upper()}{row_name[1:]} has {column} of shape {array.shape}, unlike "
+                f"{_name_row(rows[0], 0)} ({column} of shape {arrays[0].shape}): every image needs at least one "
+                f"position of width {width}, (num_regions, {width}); compute the {column} of every image with the "
+                "same extractor and settings."
+            )
+    num_positions = [array.shape[0] for array in arrays]
+    padded = np.zeros((len(arrays), max(num_positions), width), dtype=np.float32)
+    mask = torch.zeros((len(arrays), max(num_positions)), dtype=torch.long)
+    for index, array in enumerate(arrays):
+        padded[index, : num_positions[index]] = array
+        mask[index, : num_positions[index]] = 1
+    return torch.from_numpy(padded), mask
+
+
+def _check_boxes_match_regions(
+    rows: Sequence[dict[str, Any]], boxes_mask: torch.LongTensor, feature_mask: torch.LongTensor
+) -> None:
+    """Refuse rows with another number of boxes than of region features."""
+    counts = zip(boxes_mask.sum(dim=1).tolist(), feature_mask.sum(dim=1).tolist(), strict=True)
+    for position, (num_boxes, num_regions) in enumerate(counts):
+        if num_boxes != num_regions:
+            row_name = _name_row(rows[position], position)
+            raise ValueError(
+                f"{row_name[0].upper()}{row_name[1:]} has {num_boxes} image_boxes for {num_regions} regions in "
+                "image_features; take both from the same feature files."
+            )
 
 
 def _tokenizer_caption_tokens(tokenizer: Any) -> CaptionTokens:

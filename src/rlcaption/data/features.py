@@ -1,16 +1,20 @@
-"""Precomputed image features: run a transformers vision backbone once over a dataset and store pooled features.
+"""Precomputed image features: run a transformers vision backbone once over a dataset and store its pooled features
+or its grid of features.
 
 Training on precomputed features (the `image_features` column) skips the image encoder at every step, as most RL
 captioning work does (bottom-up or CNN features extracted once). Extraction is batched, shows a progress bar and is
 resumable: features are written in shards, each atomically (a temporary file renamed into place), so a rerun after an
-interruption computes only the missing shards.
+interruption computes only the missing shards. Released region features (bottom-up attention) are read by
+`rlcaption.data.regions` instead.
 
 Layout of `output_dir`:
 
 ```
 output_dir/
-  shards/manifest.json        model, shard size, split sizes: a rerun with other settings is refused
-  shards/<split>/shard-00000.npy   float32 array of shape (rows in shard, feature size)
+  shards/manifest.json        model, pooling, shard size, split sizes: a rerun with other settings is refused;
+                              `feature_shape`, the shape of one image's features, once a shard is written
+  shards/<split>/shard-00000.npy   float32 array of shape (rows in shard, feature size) when pooled, or
+                              (rows in shard, num positions, feature size) with pooling "none"
   dataset/                    the DatasetDict with the `image_features` column (`datasets.load_from_disk`)
 ```
 """
@@ -33,7 +37,7 @@ from tqdm.auto import tqdm
 from transformers import AutoImageProcessor, AutoModel
 
 from ..hub import check_pretrained_reference
-from ..models.encoders import pool_image_features
+from ..models.encoders import POOLING_MODES, pool_image_features
 from .images import convert_to_rgb
 from .shapes import load_shapes, save_dataset_atomically
 
@@ -45,10 +49,17 @@ __all__ = [
 
 FEATURES_COLUMN = "image_features"
 _MANIFEST_VERSION = 1
+# Settings a manifest written before they could be chosen was extracted with.
+_SETTINGS_OF_OLDER_MANIFESTS = {"pooling": "auto"}
 
 
-def _encode_images(model, pixel_values: torch.Tensor) -> torch.Tensor:
-    """Pooled features of shape `(batch_size, feature_size)`; dual encoders (CLIP, SigLIP) use their image tower."""
+def _encode_images(model, pixel_values: torch.Tensor, pooling: str) -> torch.Tensor:
+    """Features of shape `(batch_size, feature_size)`, or `(batch_size, num_positions, feature_size)` with
+    `pooling="none"`; dual encoders (CLIP, SigLIP) use their image tower."""
+    if pooling == "none":
+        # a dual encoder's `get_image_features` is already pooled and projected: the grid is its vision tower's
+        vision_model = getattr(model, "vision_model", model)
+        return pool_image_features(vision_model(pixel_values=pixel_values), pooling="none")
     if hasattr(model, "get_image_features"):
         return pool_image_features(model.get_image_features(pixel_values=pixel_values))
     return pool_image_features(model(pixel_values=pixel_values))
@@ -85,11 +96,11 @@ def _write_atomically(path: Path, write) -> None:
 
 
 def _check_manifest(shards_dir: Path, manifest: dict) -> None:
-    """Refuse to mix shards of another model, shard size or dataset in one `output_dir`."""
+    """Refuse to mix shards of another model, pooling, shard size or dataset in one `output_dir`."""
     path = shards_dir / "manifest.json"
     if path.is_file():
-        existing = json.loads(path.read_text(encoding="utf-8"))
-        for key in ("version", "model", "shard_size"):
+        existing = {**_SETTINGS_OF_OLDER_MANIFESTS, **json.loads(path.read_text(encoding="utf-8"))}
+        for key in ("version", "model", "pooling", "shard_size"):
             if existing.get(key) != manifest[key]:
                 raise ValueError(
                     f"{shards_dir.parent} holds features extracted with {key}={existing.get(key)!r}, not "
@@ -101,14 +112,41 @@ def _check_manifest(shards_dir: Path, manifest: dict) -> None:
                     f"{shards_dir.parent} holds features of a different '{split}' split ({existing['splits'][split]} "
                     f"vs {signature}). Use another --output-dir, or delete {shards_dir} to start over."
                 )
-        manifest = {**manifest, "splits": {**existing["splits"], **manifest["splits"]}}
-    _write_atomically(path, lambda file: file.write(json.dumps(manifest, indent=2).encode("utf-8")))
+        manifest = {**existing, **manifest, "splits": {**existing["splits"], **manifest["splits"]}}
+    _write_manifest(shards_dir, manifest)
+
+
+def _write_manifest(shards_dir: Path, manifest: dict) -> None:
+    encoded = json.dumps(manifest, indent=2).encode("utf-8")
+    _write_atomically(shards_dir / "manifest.json", lambda file: file.write(encoded))
+
+
+def _record_feature_shape(shards_dir: Path, shard: Path, shape: tuple[int, ...]) -> None:
+    """Write the shape of one image's features in the manifest, or refuse a shard whose shape differs from it."""
+    manifest = json.loads((shards_dir / "manifest.json").read_text(encoding="utf-8"))
+    recorded = manifest.get("feature_shape")
+    if recorded is None:
+        _write_manifest(shards_dir, {**manifest, "feature_shape": list(shape)})
+    elif tuple(recorded) != shape:
+        raise ValueError(
+            f"The backbone gave features of shape {shape} per image for {shard}, unlike the {tuple(recorded)} of "
+            f"the shards already in {shards_dir}: the image processor must resize every image to the same size. "
+            f"Delete {shards_dir} to start over."
+        )
 
 
 def _extract_shard(
-    dataset: datasets.Dataset, start: int, stop: int, model, image_processor, batch_size: int, progress
+    dataset: datasets.Dataset,
+    start: int,
+    stop: int,
+    model,
+    image_processor,
+    batch_size: int,
+    pooling: str,
+    progress,
 ) -> np.ndarray:
-    """Features of rows `start:stop`, shape `(stop - start, feature_size)`, float32."""
+    """Features of rows `start:stop`, float32, of shape `(stop - start, feature_size)`, or `(stop - start,
+    num_positions, feature_size)` with `pooling="none"`."""
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     images_only = dataset.select_columns(["image"])  # decode nothing else
@@ -118,10 +156,44 @@ def _extract_shard(
         images = [convert_to_rgb(image) for image in images_only[batch_start:batch_stop]["image"]]
         pixel_values = image_processor(images=images, return_tensors="pt")["pixel_values"]
         with torch.inference_mode():
-            features = _encode_images(model, pixel_values.to(device=device, dtype=dtype))  # (B, D)
+            features = _encode_images(model, pixel_values.to(device=device, dtype=dtype), pooling)  # (B, [N,] D)
         batches.append(features.float().cpu().numpy())
         progress.update(batch_stop - batch_start)
     return np.concatenate(batches, axis=0)
+
+
+def _features_dataset(shard_paths: list[Path], num_rows: int, cache_dir: Path) -> datasets.Dataset:
+    """The shards' rows as a one-column dataset, written to `cache_dir` shard by shard: grids of a whole split
+    (COCO's 123k ResNet grids are 49 GB) never sit in memory at once."""
+    shapes = [np.load(path, mmap_mode="r").shape for path in shard_paths]
+    for path, shape in zip(shard_paths, shapes, strict=True):
+        if shape[1:] != shapes[0][1:]:
+            raise ValueError(
+                f"Shard {path} holds features of shape {shape[1:]} per image, unlike {shapes[0][1:]} in "
+                f"{shard_paths[0]}. Delete {path.parent.parent} to extract them again."
+            )
+    if sum(shape[0] for shape in shapes) != num_rows:
+        raise ValueError(
+            f"The shards in {shard_paths[0].parent} hold {sum(shape[0] for shape in shapes)} rows for a split of "
+            f"{num_rows}. Delete {shard_paths[0].parent.parent} to extract them again."
+        )
+    per_image = shapes[0][1:]
+    if len(per_image) == 1:
+        feature_type = datasets.List(datasets.Value("float32"), length=per_image[0])
+    else:
+        feature_type = datasets.Array2D(shape=per_image, dtype="float32")
+
+    def rows(paths: tuple[str, ...]):
+        for path in paths:
+            yield from ({FEATURES_COLUMN: features} for features in np.load(path, mmap_mode="r"))
+
+    return datasets.Dataset.from_generator(
+        rows,
+        features=datasets.Features({FEATURES_COLUMN: feature_type}),
+        # a tuple, not a list: `datasets` would split a list into one generator call per item
+        gen_kwargs={"paths": tuple(str(path) for path in shard_paths)},
+        cache_dir=str(cache_dir),
+    )
 
 
 def extract_features(
@@ -132,8 +204,9 @@ def extract_features(
     split: str | None = None,
     device: str | torch.device | None = None,
     shard_size: int = 1024,
+    pooling: str = "auto",
 ) -> datasets.DatasetDict:
-    """Add a column `image_features` of pooled backbone features to a captioning dataset.
+    """Add a column `image_features` of pooled backbone features, or of their grids, to a captioning dataset.
 
     Args:
         dataset (`datasets.DatasetDict` or `datasets.Dataset`): with an `image` column (`datasets.Image`).
@@ -146,13 +219,21 @@ def extract_features(
         split (`str`, *optional*): process only this split; all splits by default.
         device (`str` or `torch.device`, *optional*): defaults to `"cuda"` when available, else `"cpu"`.
         shard_size (`int`, *optional*, defaults to 1024): rows per shard, the unit of resumption.
+        pooling (`str`, *optional*, defaults to `"auto"`): `"auto"` stores one vector per image; `"none"` keeps the
+            grid an attention decoder reads: a CNN's feature map flattened (a ResNet-152's 7x7x2048 at 224 px is
+            49x2048), a transformer's tokens (ViT-B/16: the [CLS] token and 14x14 patch tokens, 197x768), a dual
+            encoder's vision tower tokens (before its projection).
 
     Returns:
-        `datasets.DatasetDict`: the processed splits with all their columns plus `image_features` (list of
-        `float32` of the backbone's feature size), also saved in `output_dir/dataset`.
+        `datasets.DatasetDict`: the processed splits with all their columns plus `image_features`, also saved in
+        `output_dir/dataset`: a list of `float32` of the backbone's feature size per image, or with
+        `pooling="none"` an `Array2D` of shape `(num_positions, feature_size)` (also recorded as `feature_shape` in
+        `output_dir/shards/manifest.json`).
     """
     if batch_size < 1 or shard_size < 1:
         raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}.")
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"Unknown pooling {pooling!r}; expected one of {POOLING_MODES} (--pooling).")
     dataset_dict = _as_dataset_dict(dataset)
     if split is not None:
         if split not in dataset_dict:
@@ -167,6 +248,7 @@ def extract_features(
     manifest = {
         "version": _MANIFEST_VERSION,
         "model": str(model_name_or_path),
+        "pooling": pooling,
         "shard_size": shard_size,
         "splits": {name: _split_signature(split_dataset) for name, split_dataset in dataset_dict.items()},
     }
@@ -192,31 +274,36 @@ def extract_features(
                 start = index * shard_size
                 stop = min(start + shard_size, dataset_dict[name].num_rows)
                 features = _extract_shard(
-                    dataset_dict[name], start, stop, model, image_processor, batch_size, progress
+                    dataset_dict[name], start, stop, model, image_processor, batch_size, pooling, progress
                 )
+                _record_feature_shape(shards_dir, shard_path(name, index), features.shape[1:])
                 _write_atomically(shard_path(name, index), lambda file, array=features: np.save(file, array))
 
-    with_features = {}
-    for name, split_dataset in dataset_dict.items():
-        num_shards = math.ceil(split_dataset.num_rows / shard_size)
-        features = np.concatenate([np.load(shard_path(name, index)) for index in range(num_shards)], axis=0)
-        if FEATURES_COLUMN in split_dataset.column_names:
-            split_dataset = split_dataset.remove_columns(FEATURES_COLUMN)
-        feature_type = datasets.List(datasets.Value("float32"), length=features.shape[1])
-        with_features[name] = split_dataset.add_column(FEATURES_COLUMN, list(features), feature=feature_type)
     result_path = output_dir / "dataset"
-    if result_path.exists():
-        # Shards are the source of truth; a previous result may predate them (e.g. another split selection).
-        shutil.rmtree(result_path)
-    save_dataset_atomically(datasets.DatasetDict(with_features), result_path)
+    cache_dir = Path(tempfile.mkdtemp(prefix=".features-cache-", dir=output_dir))
+    try:
+        with_features = {}
+        for name, split_dataset in dataset_dict.items():
+            num_shards = math.ceil(split_dataset.num_rows / shard_size)
+            shard_paths = [shard_path(name, index) for index in range(num_shards)]
+            features = _features_dataset(shard_paths, split_dataset.num_rows, cache_dir / name)
+            if FEATURES_COLUMN in split_dataset.column_names:
+                split_dataset = split_dataset.remove_columns(FEATURES_COLUMN)
+            with_features[name] = datasets.concatenate_datasets([split_dataset, features], axis=1, split=name)
+        if result_path.exists():
+            # Shards are the source of truth; a previous result may predate them (e.g. another split selection).
+            shutil.rmtree(result_path)
+        save_dataset_atomically(datasets.DatasetDict(with_features), result_path)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
     return datasets.load_from_disk(str(result_path))
 
 
 def configure_extract_features_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the arguments of `rlcaption extract-features` to `parser`."""
     parser.description = (
-        "Add a precomputed `image_features` column to a captioning dataset with any transformers vision backbone. "
-        "Resumable: rerun the same command after an interruption."
+        "Add a precomputed `image_features` column (pooled, or grids with --pooling none) to a captioning dataset "
+        "with any transformers vision backbone. Resumable: rerun the same command after an interruption."
     )
     parser.add_argument(
         "--dataset",
@@ -229,6 +316,13 @@ def configure_extract_features_parser(parser: argparse.ArgumentParser) -> argpar
     parser.add_argument("--split", default=None, help="Process only this split (default: all splits).")
     parser.add_argument("--device", default=None, help="Device, e.g. `cpu` or `cuda:0` (default: cuda if available).")
     parser.add_argument("--shard-size", type=int, default=1024, help="Rows per resumable shard (default: 1024).")
+    parser.add_argument(
+        "--pooling",
+        choices=POOLING_MODES,
+        default="auto",
+        help="`auto`: one vector per image (the backbone's pooler output, else the mean over positions); `none`: "
+        "the grid of positions, (N, D) per image, for attention (a ResNet's 7x7x2048 is 49x2048). Default: auto.",
+    )
     return parser
 
 
@@ -250,6 +344,7 @@ def run_extract_features(args: argparse.Namespace) -> datasets.DatasetDict:
         split=args.split,
         device=args.device,
         shard_size=args.shard_size,
+        pooling=args.pooling,
     )
     result_path = Path(args.output_dir) / "dataset"
     print(f"Saved {dict(result.num_rows)} rows with image_features to {result_path}; load with load_from_disk.")

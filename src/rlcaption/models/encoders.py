@@ -12,7 +12,7 @@ decoders read at every step:
 - [`PrecomputedFeatureEncoder`]: features extracted beforehand (`rlcaption extract-features`) pass through
   unchanged, so training never runs the vision model.
 
-The encoder types (`ENCODER_TYPES`) and the pooling of a vision model's output into one vector per image
+The encoder types (`ENCODER_TYPES`) and the pooling of a vision model's output into one vector per image or its grid
 (`pool_image_features`, also what feature extraction stores) are defined here and nowhere else.
 
 This module imports only `torch` and `transformers`: it is copied next to the model code when a checkpoint is saved
@@ -36,6 +36,7 @@ __all__ = [
     "BackboneImageEncoder",
     "ConvImageEncoder",
     "MixedPrecisionLSTM",
+    "POOLING_MODES",
     "PrecomputedFeatureEncoder",
     "build_image_encoder",
     "cpu_runs_lstm_in",
@@ -48,6 +49,8 @@ logger = logging.get_logger(__name__)
 IMAGE_ENCODER_TYPES = ("cnn", "backbone")
 # Every `encoder_type` of a captioning config: the image encoders, then precomputed features.
 ENCODER_TYPES = (*IMAGE_ENCODER_TYPES, "features")
+# How `pool_image_features` reduces a vision model's output: one vector per image, or the grid of positions kept.
+POOLING_MODES = ("auto", "none")
 
 
 def _num_groups(num_channels: int, max_groups: int = 8) -> int:
@@ -116,35 +119,49 @@ class ConvImageEncoder(nn.Module):
         return feature_map.flatten(1), feature_map.flatten(2).transpose(1, 2)
 
 
-def pool_image_features(outputs) -> torch.Tensor:
-    """One vector per image from a vision model's output.
+def pool_image_features(outputs, pooling: str = "auto") -> torch.Tensor:
+    """One vector per image from a vision model's output, or its grid of features with `pooling="none"`.
 
-    Uses `pooler_output` when the model has one (ViT's [CLS] pooler, CLIP/SigLIP projected embeddings from
-    `get_image_features`, ResNet's global average pool), else averages `last_hidden_state` over tokens
-    (`(batch, tokens, hidden)`) or spatial positions (`(batch, channels, height, width)`).
+    With `pooling="auto"`, uses `pooler_output` when the model has one (ViT's [CLS] pooler, CLIP/SigLIP projected
+    embeddings from `get_image_features`, ResNet's global average pool), else averages `last_hidden_state` over
+    tokens (`(batch, tokens, hidden)`) or spatial positions (`(batch, channels, height, width)`).
+
+    With `pooling="none"`, returns `last_hidden_state` as a sequence of positions: a transformer's tokens as they are
+    (for a ViT, its [CLS] token then its patch tokens) and a CNN's feature map flattened row by row (a ResNet's
+    `(batch, 2048, 7, 7)` becomes `(batch, 49, 2048)`), what an attention decoder reads.
 
     Args:
         outputs (`torch.Tensor` or `transformers.utils.ModelOutput`): the model output.
+        pooling (`str`, *optional*, defaults to `"auto"`): one of `POOLING_MODES`.
 
     Returns:
-        `torch.Tensor` of shape `(batch_size, feature_size)`.
+        `torch.Tensor` of shape `(batch_size, feature_size)`, or `(batch_size, num_positions, feature_size)` with
+        `pooling="none"`.
     """
-    if isinstance(outputs, torch.Tensor):
-        return outputs.flatten(1)
-    pooled = getattr(outputs, "pooler_output", None)
-    if pooled is not None:
-        return pooled.flatten(1)  # ResNet pools to (B, C, 1, 1)
-    hidden = getattr(outputs, "last_hidden_state", None)
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"Unknown pooling {pooling!r}; expected one of {POOLING_MODES}.")
+    if pooling == "auto":
+        if isinstance(outputs, torch.Tensor):
+            return outputs.flatten(1)
+        pooled = getattr(outputs, "pooler_output", None)
+        if pooled is not None:
+            return pooled.flatten(1)  # ResNet pools to (B, C, 1, 1)
+    hidden = outputs if isinstance(outputs, torch.Tensor) else getattr(outputs, "last_hidden_state", None)
     if hidden is None:
         raise ValueError(
             f"Cannot pool image features from a {type(outputs).__name__}: it has neither `pooler_output` nor "
             "`last_hidden_state`. Use a vision backbone loadable with `AutoModel` (ViT, DINOv2, ResNet, CLIP, ...)."
         )
+    if hidden.dim() not in (3, 4):
+        raise ValueError(
+            f"Unexpected last_hidden_state of shape {tuple(hidden.shape)}; expected 3 or 4 dimensions"
+            + (" (a grid needs the backbone's hidden states, not a pooled embedding)." if pooling == "none" else ".")
+        )
+    if pooling == "none":
+        return hidden if hidden.dim() == 3 else hidden.flatten(2).transpose(1, 2)  # (B, C, H, W) -> (B, H * W, C)
     if hidden.dim() == 3:
         return hidden.mean(dim=1)  # (B, T, D) -> (B, D)
-    if hidden.dim() == 4:
-        return hidden.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
-    raise ValueError(f"Unexpected last_hidden_state of shape {tuple(hidden.shape)}; expected 3 or 4 dimensions.")
+    return hidden.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
 
 
 def _backbone_output_size(backbone_config) -> int:
@@ -203,10 +220,7 @@ class BackboneImageEncoder(nn.Module):
         `(batch_size, num_positions, output_size)`."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze):
             outputs = self.backbone(pixel_values=pixel_values)
-        hidden = outputs.last_hidden_state
-        # (B, N, D) token sequences or (B, D, H, W) feature maps
-        grid = hidden if hidden.dim() == 3 else hidden.flatten(2).transpose(1, 2)
-        return pool_image_features(outputs), grid
+        return pool_image_features(outputs), pool_image_features(outputs, pooling="none")
 
 
 class PrecomputedFeatureEncoder(nn.Module):

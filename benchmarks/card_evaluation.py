@@ -81,7 +81,8 @@ def captioner_snippet(name: str) -> str:
     if with_clip:
         options.append(f'eval_clip="{EVALUATOR_CLIP}"')
     if caption_sets:
-        options.append(f"eval_caption_sets={caption_sets!r}".replace("'", '"'))
+        # the sampled caption sets are drawn with the run's seed, 0 in every published recipe run
+        options += [f"eval_caption_sets={caption_sets!r}".replace("'", '"'), "seed=0"]
     return (
         imports
         + _EXTRA_IMPORTS.get(name, "")

@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-8)
 
-.PHONY: install demo test test-slow quality bench gpu-check clean
+.PHONY: install demo readme-demo test test-slow quality bench gpu-check clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/rlcaption demo --output-dir runs/demo
+
+# The README's demo block and picture are what the demo writes: run it, then copy its results.md and captions.png in.
+readme-demo: demo
+	$(BIN)/python benchmarks/update_readme_demo.py --run-dir runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

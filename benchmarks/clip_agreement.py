@@ -3,7 +3,7 @@
     python benchmarks/clip_agreement.py [--reward checkpoints/shapes-clip-reward]
                                         [--evaluator checkpoints/shapes-clip-evaluator] [--output clip_agreement.json]
 
-On the test split of the standard shapes dataset (1,000 images): each CLIP's retrieval R@1/5/10 with every image's
+On the CLIPs' test split (1,000 shapes images rendered at 64 px): each CLIP's retrieval R@1/5/10 with every image's
 most specific reference; how often the two rank the same image first for a caption (text -> image top-1
 agreement, over the most specific references and over all five references of every image); and the Pearson and
 Spearman correlations of their CLIP-S of matching (image, reference) pairs. A captioner trained on one CLIP's reward
@@ -38,7 +38,8 @@ def main() -> None:
     args = parser.parse_args()
 
     start = time.perf_counter()
-    test = load_shapes()["test"]
+    # the CLIPs' own test split (their cards' retrieval numbers): 1,000 images rendered at 64 px
+    test = load_shapes(num_test=1000, image_size=64)["test"]
     images = list(test["image"])
     specific = [most_specific_reference(captions) for captions in test["captions"]]
     all_references = [caption for captions in test["captions"] for caption in captions]

@@ -27,6 +27,7 @@ LAYERS = [
     {"objectives"},
     {"trainer"},
     {"recipes"},
+    {"demo_report"},
     {"demo"},
     {"cli", "__init__"},
 ]

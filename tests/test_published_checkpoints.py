@@ -18,7 +18,7 @@ from rlcaption.cli import main as cli_main
 from rlcaption.data import load_shapes
 from rlcaption.data.shapes import most_specific_reference
 from rlcaption.evaluation import evaluate_model, listener_recall
-from rlcaption.models import PolicyValueCaptioner, ShowTellRL, ShowTellRLConfig, SpeakerListener
+from rlcaption.models import PolicyValueCaptioner, ShowTellRL, SpeakerListener
 from rlcaption.processing import CaptionProcessor
 from rlcaption.rewards import get_reward
 
@@ -165,8 +165,7 @@ def test_checkpoint_reproduces_the_scores_of_its_card(name):
     reported = {result.metric_name: result.metric_value for result in card.data.eval_results}
     model = ShowTellRL.from_pretrained(CHECKPOINTS / name).eval()
     processor = CaptionProcessor.from_pretrained(CHECKPOINTS / name)
-    config = ShowTellRLConfig.from_pretrained(CHECKPOINTS / name)
-    shapes = load_shapes(4000, 200, 500, image_size=config.image_size, seed=0)  # the recipes' defaults
+    shapes = load_shapes()  # the obvious route: the defaults are the shapes benchmark of the recipes and the cards
     # each card scores its recipe's test decoding: greedy for XE, beam search for the RL recipes
     num_beams = CAPTIONERS[name][1]
     scores = evaluate_model(model, processor, shapes["test"], metrics=("cider", "bleu"), num_beams=num_beams)

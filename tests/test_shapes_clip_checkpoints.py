@@ -27,8 +27,11 @@ NUM_RANKED = 40  # test images ranked by the cheap tests
 
 @pytest.fixture(scope="module")
 def test_split(tmp_path_factory):
-    """The standard test split: it is generated first, so it does not depend on the sizes of the other splits."""
-    shapes = load_shapes(num_train=1, num_validation=1, num_test=1000, cache_dir=tmp_path_factory.mktemp("shapes"))
+    """The CLIPs' test split (1,000 images rendered at 64 px, as `examples/train_clip.py` scores them): it is generated
+    first, so it does not depend on the sizes of the other splits."""
+    shapes = load_shapes(
+        num_train=1, num_validation=1, num_test=1000, image_size=64, cache_dir=tmp_path_factory.mktemp("shapes")
+    )
     return shapes["test"]
 
 

@@ -3,8 +3,9 @@ The `make demo` / `rlcaption demo` job: on the embedded shapes dataset, pretrain
 annotations, train a ShowTellRL captioner that attends over its feature grid with teacher forcing (XE), continue with
 self-critical sequence training (SCST, CIDEr-D reward), and compare both on the test split the way every method of
 the library is judged: consensus metrics (CIDEr-D, BLEU-4), grounding in the scene (object F1, generic captions) and,
-with an evaluator CLIP that no reward used, CLIP-S and text-to-image retrieval. Writes a picture of test images with
-both models' captions. Runs on a 2-core CPU in minutes.
+with an evaluator CLIP that no reward used, CLIP-S and text-to-image retrieval, and what the captions state (repeated
+objects, sizes, relations). Writes the results as Markdown (`results.md`, the README's demo block) and a picture of
+test images of distinct scenes with both models' captions (`captions.png`). Runs on a 2-core CPU in minutes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from .data import load_shapes
 from .data.shapes import most_specific_reference
+from .demo_report import caption_habits, distinct_scene_indices, idle_cores, results_markdown
 from .evaluation import caption_dataset, scene_grounding_scores
 from .gallery import save_caption_gallery
 from .metrics import clip_retrieval, clip_score, evaluate_captions, load_clip
@@ -56,6 +58,8 @@ class DemoSettings:
     seed: int = 0
     evaluator_clip: str | None = DEFAULT_EVALUATOR_CLIP
     num_gallery_images: int = 12
+    # CPU threads of torch; None: the cores that are idle when the demo starts
+    num_threads: int | None = None
 
     @classmethod
     def quick(cls) -> DemoSettings:
@@ -122,42 +126,25 @@ def _load_evaluator_clip(name_or_path: str | None):
     return load_clip(name_or_path)
 
 
-_COLUMNS = (  # (score key, header, width)
-    ("CIDEr", "CIDEr-D", 7),
-    ("Bleu_4", "BLEU-4", 6),
-    ("object_f1", "object F1", 9),
-    ("generic_share", "generic", 7),
-    ("parse_failure_share", "parse failures", 14),
-    ("CLIP-S", "CLIP-S", 6),
-    ("t2i_R@1", "t2i R@1", 7),
-)
-
-
-def _print_table(results: dict[str, dict[str, float]], test_rows: int) -> None:
-    columns = [column for column in _COLUMNS if any(column[0] in scores for scores in results.values())]
-    print(f"\nShapes test split ({test_rows} images); CLIP-S and text-to-image R@1 by the evaluator CLIP")
-    print("| model | " + " | ".join(header for _, header, _ in columns) + " |")
-    print("|---|" + "---|" * len(columns))
-    for name, scores in results.items():
-        cells = [f"{scores[key]:{width}.3f}" if key in scores else " " * width for key, _, width in columns]
-        print(f"| {name} | " + " | ".join(cells) + " |")
-
-
 def run_demo(
     output_dir: str = "runs/demo", quick: bool = False, settings: DemoSettings | None = None
 ) -> dict[str, dict[str, float]]:
     """
-    Trains XE then SCST on shapes, prints the comparison table and example captions, writes
-    `<output_dir>/captions.png`, and returns the scores as `{"XE greedy": {"CIDEr": ..., "object_f1": ...}, ...}`.
-    `settings` overrides the defaults (or `quick`).
+    Trains XE then SCST on shapes, prints the comparison and example captions, writes `<output_dir>/results.md` (the
+    same tables, what changes from XE to SCST, and how long the run took) and `<output_dir>/captions.png`, and
+    returns the scores as `{"XE greedy": {"CIDEr": ..., "object_f1": ...}, ...}`. `settings` overrides the defaults
+    (or `quick`).
     """
     if settings is None:
         settings = DemoSettings.quick() if quick else DemoSettings()
     torch.manual_seed(settings.seed)
-    # Models this small gain nothing from intra-op threads, and lose ~10x when another process holds a core
-    # (100 XE steps: 10 s with one thread, 119 s with two while a second process ran).
-    torch.set_num_threads(1)
+    # A second thread speeds a training step up ~1.4x on an idle 2-core CPU, but slows it down ~2.3x while another
+    # program computes on that core (threads wait for each other): take only the cores that are free now.
+    num_threads = settings.num_threads or idle_cores()
+    torch.set_num_threads(num_threads)
+    print(f"[demo] {num_threads} torch thread(s) on {os.cpu_count()} core(s)")
     start = time.perf_counter()
+    phase_ends = {}
     evaluator_clip = _load_evaluator_clip(settings.evaluator_clip)
 
     # 1. data and vocabulary
@@ -176,8 +163,9 @@ def run_demo(
         model, processor, shapes["train"], settings.scene_pretraining_steps, settings.freeze_image_encoder,
         seed=settings.seed,
     )  # fmt: skip
+    phase_ends["scene pretraining"] = time.perf_counter() - start
     print(
-        f"[demo] image encoder pretrained on the scene annotations at {time.perf_counter() - start:.0f} s: "
+        f"[demo] image encoder pretrained on the scene annotations at {phase_ends['scene pretraining']:.0f} s: "
         + ", ".join(f"{name} {value:.3f}" for name, value in pretraining.items())
     )
     xe_dir, scst_dir = os.path.join(output_dir, "xe"), os.path.join(output_dir, "scst")
@@ -185,7 +173,8 @@ def run_demo(
         model, processor, shapes, xe_dir, settings,
         objective="xe", num_train_epochs=settings.xe_epochs, learning_rate=settings.xe_learning_rate,
     )  # fmt: skip
-    print(f"[demo] XE done at {time.perf_counter() - start:.0f} s")
+    phase_ends["XE"] = time.perf_counter() - start
+    print(f"[demo] XE done at {phase_ends['XE']:.0f} s")
 
     # 3. self-critical training from the XE weights
     xe_model = ShowTellRL.from_pretrained(xe_dir)
@@ -195,35 +184,53 @@ def run_demo(
         objective="scst", reward_funcs=["cider"], num_samples_per_image=settings.num_samples_per_image,
         num_train_epochs=settings.scst_epochs, learning_rate=settings.scst_learning_rate,
     )  # fmt: skip
-    print(f"[demo] SCST done at {time.perf_counter() - start:.0f} s")
+    phase_ends["SCST"] = time.perf_counter() - start
+    print(f"[demo] SCST done at {phase_ends['SCST']:.0f} s")
 
     # 4. compare on test
-    results, captions = {}, {}
+    test_split = shapes["test"]
+    scenes = list(test_split["scene"])
+    results, captions, habits = {}, {}, {}
     for name, trained in (("XE", xe_model.eval()), ("SCST", model.eval())):
         for decoding, num_beams in (("greedy", 1), ("beam 3", 3)):
-            results[f"{name} {decoding}"], captions[f"{name} {decoding}"] = score_captioner(
-                trained, processor, shapes["test"], num_beams, evaluator_clip
-            )
-    _print_table(results, shapes["test"].num_rows)
+            row = f"{name} {decoding}"
+            results[row], captions[row] = score_captioner(trained, processor, test_split, num_beams, evaluator_clip)
+            habits[row] = caption_habits([captions[row][key] for key in test_split["image_id"]], scenes)
+            habits[row]["relation_accuracy"] = results[row]["relation_accuracy"]
+    phase_ends["scoring"] = time.perf_counter() - start
 
-    # 5. what a person would rather look at: test images with both captions
-    shown = shapes["test"].select(range(min(settings.num_gallery_images, shapes["test"].num_rows)))
+    # 5. what a person would rather look at: test images of distinct scenes with both captions
+    shown = test_split.select(distinct_scene_indices(scenes, settings.num_gallery_images))
     gallery_path = os.path.join(output_dir, "captions.png")
     save_caption_gallery(
         list(shown["image"]),
         {name: [captions[f"{name} greedy"][key] for key in shown["image_id"]] for name in ("XE", "SCST")},
         gallery_path,
-        title="Shapes test images: XE and SCST (CIDEr-D reward) greedy captions",
+        title="Shapes test images of distinct scenes: XE and SCST (CIDEr-D reward) greedy captions",
     )
-    print("\nExample test captions (greedy):")
+
+    total = time.perf_counter() - start
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    peak_gib = usage.ru_maxrss / 2**20
+    phases, previous = [], 0.0
+    for phase, end in phase_ends.items():
+        phases.append(f"{phase} {end - previous:.0f} s")
+        previous = end
+    run_summary = (
+        f"One run, seed {settings.seed}: {total:.0f} s ({', '.join(phases)}), CPU time {usage.ru_utime:.0f} s user + "
+        f"{usage.ru_stime:.0f} s sys, {num_threads} torch thread(s) on {os.cpu_count()} core(s), peak memory "
+        f"{peak_gib:.2f} GiB."
+    )
+    markdown = results_markdown(results, habits, test_split.num_rows, run_summary)
+    results_path = os.path.join(output_dir, "results.md")
+    with open(results_path, "w", encoding="utf-8") as file:
+        file.write(markdown)
+    print("\n" + markdown)
+    print("Example test captions (greedy):")
     for row in shown.select(range(min(4, shown.num_rows))):
         key = row["image_id"]
         print(f"  image {key}: most specific reference: {most_specific_reference(row['captions'])!r}")
         print(f"      XE:   {captions['XE greedy'][key]}")
         print(f"      SCST: {captions['SCST greedy'][key]}")
-    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(
-        f"\n[demo] total {time.perf_counter() - start:.0f} s, peak memory {peak_gib:.2f} GiB; models in {output_dir}, "
-        f"picture {gallery_path}"
-    )
+    print(f"\n[demo] models in {output_dir}, results {results_path}, picture {gallery_path}")
     return results

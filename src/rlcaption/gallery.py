@@ -56,6 +56,12 @@ def save_caption_gallery(
     for index, image in enumerate(images):
         axis = axes.flat[index]
         axis.imshow(image, interpolation="nearest")
+        # a thin frame: the images' white background would otherwise merge with the page's
+        axis.axis("on")
+        axis.set_xticks([])
+        axis.set_yticks([])
+        for spine in axis.spines.values():
+            spine.set_edgecolor("0.75")
         text = "\n".join(
             textwrap.fill(f"{name}: {model_captions[index]}", wrap_width, subsequent_indent="  ")
             for name, model_captions in captions.items()

@@ -18,7 +18,9 @@ CAPTION_PATTERN = re.compile(r"^[a-z]+( [a-z]+)*\.?$")
 
 @pytest.fixture(scope="module")
 def small_shapes(tmp_path_factory):
-    return load_shapes(num_train=40, num_validation=15, num_test=15, seed=0, cache_dir=tmp_path_factory.mktemp("c"))
+    return load_shapes(
+        num_train=40, num_validation=15, num_test=15, image_size=64, seed=0, cache_dir=tmp_path_factory.mktemp("c")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +130,9 @@ def test_relation_in_specific_caption_matches_geometry():
 
 
 def test_deterministic_by_seed(small_shapes, tmp_path):
-    again = load_shapes(num_train=40, num_validation=15, num_test=15, seed=0, cache_dir=tmp_path / "again")
+    again = load_shapes(
+        num_train=40, num_validation=15, num_test=15, image_size=64, seed=0, cache_dir=tmp_path / "again"
+    )
     other_seed = load_shapes(num_train=40, num_validation=15, num_test=15, seed=1, cache_dir=tmp_path / "other")
     for split in SPLITS:
         assert again[split]["captions"] == small_shapes[split]["captions"]

@@ -38,6 +38,10 @@ import datasets
 from PIL import Image, ImageDraw
 
 __all__ = [
+    "BENCHMARK_IMAGE_SIZE",
+    "BENCHMARK_NUM_TEST",
+    "BENCHMARK_NUM_TRAIN",
+    "BENCHMARK_NUM_VALIDATION",
     "COLORS",
     "SHAPES",
     "SHAPES_FORMAT_VERSION",
@@ -59,6 +63,13 @@ logger = datasets.utils.logging.get_logger(__name__)
 # a truncated data file or state (pyarrow's ArrowInvalid and JSONDecodeError are ValueErrors), a split listing no
 # data file (IndexError) or a state without an expected key (KeyError).
 _UNREADABLE_DATASET_ERRORS = (OSError, ValueError, LookupError)
+
+# The shapes benchmark, `load_shapes()`'s defaults: 48-pixel images (a 3x3 grid of 16-pixel cells), 4,000 training,
+# 200 validation and 500 test images. Every recipe, model card, benchmark and the demo use it.
+BENCHMARK_NUM_TRAIN = 4000
+BENCHMARK_NUM_VALIDATION = 200
+BENCHMARK_NUM_TEST = 500
+BENCHMARK_IMAGE_SIZE = 48
 
 # Bump whenever generation, rendering or captions change: it is part of the cache key, so stale caches are ignored.
 SHAPES_FORMAT_VERSION = 3
@@ -509,10 +520,10 @@ def _generate(split_sizes: dict[str, int], image_size: int, seed: int) -> datase
 
 
 def shapes_cache_path(
-    num_train: int = 8000,
-    num_validation: int = 1000,
-    num_test: int = 1000,
-    image_size: int = 64,
+    num_train: int = BENCHMARK_NUM_TRAIN,
+    num_validation: int = BENCHMARK_NUM_VALIDATION,
+    num_test: int = BENCHMARK_NUM_TEST,
+    image_size: int = BENCHMARK_IMAGE_SIZE,
     seed: int = 0,
     cache_dir: str | os.PathLike | None = None,
 ) -> Path:
@@ -583,20 +594,23 @@ def save_dataset_atomically(dataset: datasets.Dataset | datasets.DatasetDict, fi
 
 
 def load_shapes(
-    num_train: int = 8000,
-    num_validation: int = 1000,
-    num_test: int = 1000,
-    image_size: int = 64,
+    num_train: int = BENCHMARK_NUM_TRAIN,
+    num_validation: int = BENCHMARK_NUM_VALIDATION,
+    num_test: int = BENCHMARK_NUM_TEST,
+    image_size: int = BENCHMARK_IMAGE_SIZE,
     seed: int = 0,
     cache_dir: str | os.PathLike | None = None,
 ) -> datasets.DatasetDict:
     """Generate (or load from the cache) the synthetic shapes captioning dataset.
 
+    The defaults are the shapes benchmark: the dataset every recipe, model card, benchmark and `rlcaption demo` train
+    and score on, so `load_shapes()["test"]` is the split of the published checkpoints' cards.
+
     Args:
-        num_train (`int`, *optional*, defaults to 8000): number of training images, at least 1.
-        num_validation (`int`, *optional*, defaults to 1000): number of validation images, at least 1.
-        num_test (`int`, *optional*, defaults to 1000): number of test images, at least 1.
-        image_size (`int`, *optional*, defaults to 64): side of the square RGB images, in pixels (at least 36).
+        num_train (`int`, *optional*, defaults to 4000): number of training images, at least 1.
+        num_validation (`int`, *optional*, defaults to 200): number of validation images, at least 1.
+        num_test (`int`, *optional*, defaults to 500): number of test images, at least 1.
+        image_size (`int`, *optional*, defaults to 48): side of the square RGB images, in pixels (at least 36).
         seed (`int`, *optional*, defaults to 0): the dataset is a deterministic function of the arguments.
         cache_dir (`str` or `os.PathLike`, *optional*): directory holding the cached datasets; defaults to
             `datasets.config.HF_DATASETS_CACHE / "rlcaption_shapes"`. The cache is written atomically (a temporary

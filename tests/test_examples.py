@@ -178,3 +178,5 @@ def test_actor_critic_recipe_trains_both_networks_and_scores_lookahead(tmp_path,
     card = (output_dir / "README.md").read_text()
     assert "0.5·embedding" in card and "CIDEr-D (lookahead beam search)" in card
     assert "1 value_pretraining, 1 actor_critic" in card
+    # published nowhere: the card's snippets load the folder the run was saved in
+    assert f'from_pretrained("{output_dir}")' in card

@@ -304,7 +304,12 @@ def recipe_model_card(
     alike (how the test split was decoded and scored, the dataset's limitations). `optimizer_steps` says the steps
     each phase of the run took ([`phase_steps_description`]).
     """
-    repo_id = training_args.hub_model_id or os.path.basename(os.path.normpath(training_args.output_dir))
+    # the id the card's snippets load: the Hub repo it is published to, else the folder it was saved in
+    repo_id = training_args.hub_model_id or (
+        os.path.basename(os.path.normpath(training_args.output_dir))
+        if training_args.push_to_hub
+        else training_args.output_dir
+    )
     beams = training_args.eval_num_beams
     decoding = "Greedy decoding" if beams == 1 else f"Beam search ({beams} beams)"
     return render_model_card(

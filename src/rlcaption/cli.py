@@ -132,7 +132,7 @@ def _run_evaluate(args: argparse.Namespace) -> None:
 
     model, processor = load_captioner(args.model, argument_name="--model")
     lookahead = _lookahead_kwargs(model, args)  # before the dataset is loaded: a wrong option fails at once
-    # the recipes' shapes, not `load_shapes`' defaults (64-pixel images): a model card's scores are on these images
+    # the recipes' data (on shapes, the benchmark's images, on which the model cards were scored)
     dataset = load_recipe_dataset(RecipeArguments(dataset=args.dataset))
     if args.split not in dataset:
         raise SystemExit(f"Split {args.split!r} not in the dataset; it has {sorted(dataset)}.")

@@ -180,3 +180,15 @@ def test_actor_critic_recipe_trains_both_networks_and_scores_lookahead(tmp_path,
     assert "1 value_pretraining, 1 actor_critic" in card
     # published nowhere: the card's snippets load the folder the run was saved in
     assert f'from_pretrained("{output_dir}")' in card
+
+
+@pytest.mark.parametrize("config", ["one_process.yaml", "two_processes.yaml"])
+def test_the_shipped_accelerate_configs_launch_a_recipe_without_guessing(config, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(EXAMPLES / "accelerate" / config),
+         str(EXAMPLES / "train_xe.py"), "--help"],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--output_dir" in result.stdout
+    assert "had defaults used instead" not in result.stdout + result.stderr

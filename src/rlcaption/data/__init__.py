@@ -3,8 +3,9 @@
 from .coco import load_caption_imagefolder, load_coco, load_karpathy
 from .collator import CaptionCollator
 from .features import extract_features
+from .image_checks import check_dataset_images
 from .images import check_image_files, convert_to_rgb, find_undecodable_images, open_image
-from .loading import check_dataset_images, load_caption_dataset
+from .loading import load_caption_dataset
 from .shapes import load_shapes
 
 __all__ = [

@@ -4,8 +4,8 @@ files, and image folders with a `metadata.jsonl`.
 All return a `datasets.DatasetDict` with the columns of the shapes dataset except `scene`: `image`
 (`datasets.Image`, decoded lazily from the file path), `captions` (list of `str`, at least one) and `image_id`
 (`int`). Every loader checks that all image files exist and decode before returning, so that a missing or corrupt
-file fails at once, with one error listing the count and the first paths, instead of stopping training mid-run;
-`skip_unreadable_images=True` drops the files that do not decode instead, naming them in a warning.
+file fails at once, with one error listing the count and the first paths (or rows), instead of stopping training
+mid-run; `skip_unreadable_images=True` drops the files that do not decode instead, naming them in a warning.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 
 import datasets
 
-from .images import check_image_files, find_undecodable_images
+from .image_checks import check_dataset_images
+from .images import check_image_files
 
 __all__ = [
     "caption_features",
@@ -33,8 +34,6 @@ __all__ = [
 _KARPATHY_SPLITS = {"train": "train", "restval": "restval", "val": "validation", "test": "test"}
 _SPLIT_ORDER = ("train", "validation", "test", "restval")
 _SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation"}
-
-logger = datasets.utils.logging.get_logger(__name__)
 
 
 def caption_features() -> datasets.Features:
@@ -102,15 +101,7 @@ def _build_dataset_dict(
         raise ValueError(
             f"image_id values must be unique (the metrics key references by them); duplicated: {duplicated}."
         )
-    paths = [path for rows in records.values() for path, _, _ in rows]
-    check_image_files(paths, verify=verify_images and not skip_unreadable_images)
-    if skip_unreadable_images:
-        undecodable = find_undecodable_images(paths)
-        if undecodable:
-            listing = "\n".join(f"  {paths[position]} ({problem})" for position, problem in undecodable.items())
-            logger.warning(f"Skipped {len(undecodable)} of {len(paths)} images that cannot be decoded:\n{listing}")
-            skipped = {paths[position] for position in undecodable}
-            records = {split: [row for row in rows if row[0] not in skipped] for split, rows in records.items()}
+    check_image_files(path for rows in records.values() for path, _, _ in rows)  # all there: cheap, never remembered
     features = caption_features()
     splits = {}
     for split in sorted(records, key=lambda name: (_SPLIT_ORDER + (name,)).index(name)):
@@ -121,7 +112,11 @@ def _build_dataset_dict(
             "image_id": [image_id for _, _, image_id in rows],
         }
         splits[split] = datasets.Dataset.from_dict(columns, features=features, split=datasets.NamedSplit(split))
-    return datasets.DatasetDict(splits)
+    dataset = datasets.DatasetDict(splits)
+    if verify_images or skip_unreadable_images:
+        # decoded once, then remembered by each split's fingerprint: a later launch on the same files decodes nothing
+        dataset = check_dataset_images(dataset, skip_unreadable_images)
+    return dataset
 
 
 def _normalize_split_names(splits: Iterable[str] | None, allowed: Sequence[str]) -> set[str] | None:
@@ -161,7 +156,8 @@ def load_karpathy(
             30k COCO val2014 images) to `train`, as every published COCO result does; `False` keeps a `restval`
             split.
         verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
-            once); `False` checks only that the files exist.
+            once; the outcome is remembered, so loading the same unchanged files again decodes nothing, see
+            [`check_dataset_images`]); `False` checks only that the files exist.
         skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
             naming them in a warning, instead of raising.
 
@@ -225,7 +221,8 @@ def load_coco(
         images_root (`str` or `os.PathLike`): the folder holding the images (e.g. `train2014/`).
         split_name (`str`, *optional*, defaults to `"train"`): name of the returned split.
         verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
-            once); `False` checks only that the files exist.
+            once; the outcome is remembered, so loading the same unchanged files again decodes nothing, see
+            [`check_dataset_images`]); `False` checks only that the files exist.
         skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
             naming them in a warning, instead of raising.
 
@@ -303,7 +300,8 @@ def load_caption_imagefolder(
     Args:
         folder (`str` or `os.PathLike`): the dataset folder.
         verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
-            once); `False` checks only that the files exist.
+            once; the outcome is remembered, so loading the same unchanged files again decodes nothing, see
+            [`check_dataset_images`]); `False` checks only that the files exist.
         skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
             naming them in a warning, instead of raising.
 

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 _TRUE_WORDS = ("true", "yes", "1", "last", "auto")
-# Worker processes per training process that decode and process images, at most. One core prepares about 23 batches
+# Worker processes per training process that decode and process images, at most. One core prepares about 20 batches
 # of 16 224-px JPEGs a second (`benchmarks/bench_dataloader_workers.py`); COCO's 640x480 files cost a few times more
 # each, so 4 workers keep a batch ready every few tens of milliseconds, a GPU step's time, and the 8 GPUs of a node
 # then start 32 of them, which such a node's cores afford.

@@ -9,12 +9,15 @@ import huggingface_hub.constants
 import pytest
 import torch
 
+from rlcaption import recipes
 from rlcaption.hub import publish_folder
 from rlcaption.models import PolicyValueCaptioner
 from rlcaption.objectives import ActorCriticConfig
 from rlcaption.recipes import (
+    RecipeArguments,
     check_pretrained_reference,
     check_the_captioner_gets_steps,
+    dataloader_workers_for_images,
     parse_recipe_arguments,
     resolve_resume_from_checkpoint,
 )
@@ -281,3 +284,27 @@ def test_a_recipe_s_help_lists_its_method_s_options_and_the_shared_ones_only(rec
     for method, options in METHOD_OPTIONS.items():
         own = method in RECIPE_METHODS[recipe]
         assert all((option in listed) == own for option in options), (method, sorted(listed & set(options)))
+
+
+@pytest.mark.parametrize(
+    "arguments, workers",
+    [
+        (["--dataset", "data/coco"], 3),  # image files: decoded in workers
+        (["--dataset=data/coco", "--dataloader_num_workers", "0"], 0),  # as asked
+        (["--dataset", "data/coco", "--dataloader-num-workers=2"], 2),
+        ([], 0),  # the shapes dataset keeps its published results
+        (["--dataset", "shapes"], 0),
+    ],
+)
+def test_recipes_decode_image_files_in_worker_processes(monkeypatch, tmp_path, arguments, workers):
+    monkeypatch.setattr(recipes, "dataloader_workers_for_images", lambda: 3)
+    _, training_args = parse_recipe_arguments(RecipeArguments, argv=["--output_dir", str(tmp_path), *arguments])
+    assert training_args.dataloader_num_workers == workers
+
+
+@pytest.mark.parametrize("cores, processes, workers", [(16, 1, 4), (16, 8, 1), (4, 1, 3), (2, 1, 1), (1, 1, 0)])
+def test_dataloader_workers_leave_each_training_process_a_core(monkeypatch, cores, processes, workers):
+    monkeypatch.setattr(recipes.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(recipes.os, "cpu_count", lambda: cores)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    assert dataloader_workers_for_images() == workers

@@ -10,6 +10,7 @@ the same [`new_show_tell_rl`] and [`pretrain_on_scenes`].
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ __all__ = [
     "check_pretrained_reference",
     "check_pretraining_leaves_steps",
     "check_the_captioner_gets_steps",
+    "dataloader_workers_for_images",
     "finish_recipe",
     "load_pretrained_captioner",
     "load_recipe_dataset",
@@ -47,6 +49,11 @@ __all__ = [
 ]
 
 _TRUE_WORDS = ("true", "yes", "1", "last", "auto")
+# Worker processes per training process that decode and process images, at most. One core prepares about 20 batches
+# of 16 224-px JPEGs a second (`benchmarks/bench_dataloader_workers.py`); COCO's 640x480 files cost a few times more
+# each, so 4 workers keep a batch ready every few tens of milliseconds, a GPU step's time, and the 8 GPUs of a node
+# then start 32 of them, which such a node's cores afford.
+_MAX_DATALOADER_WORKERS = 4
 _FALSE_WORDS = ("false", "no", "0", "none")
 
 
@@ -58,7 +65,9 @@ class RecipeArguments:
         default="shapes",
         metadata={
             "help": "`shapes`, a save_to_disk folder, a folder of images with captions in metadata.jsonl files "
-            "(`rlcaption.data.load_caption_imagefolder`) or a Hub dataset id."
+            "(`rlcaption.data.load_caption_imagefolder`) or a Hub dataset id. With a dataset other than shapes, "
+            "images are decoded in worker processes: --dataloader_num_workers defaults to up to 4 per training "
+            "process, one core left to it (`rlcaption.recipes.dataloader_workers_for_images`)."
         },
     )
     num_train_images: int = field(default=4000, metadata={"help": "Training images of the shapes dataset."})
@@ -108,6 +117,8 @@ def parse_recipe_arguments(
     if defaults:
         parser.set_defaults(**defaults)
     argv = sys.argv[1:] if argv is None else argv
+    if "dataloader_num_workers" not in (defaults or {}):
+        _decode_image_files_in_workers(parser, argv)
     script_args, training_args = parser.parse_args_into_dataclasses(args=_normalise_resume_flag(argv))
     check_pretraining_leaves_steps(training_args)
     training_args.resume_from_checkpoint = resolve_resume_from_checkpoint(
@@ -116,6 +127,33 @@ def parse_recipe_arguments(
         overwrite_output_dir=getattr(script_args, "overwrite_output_dir", False),
     )
     return script_args, training_args
+
+
+def dataloader_workers_for_images() -> int:
+    """
+    The `dataloader_num_workers` of a recipe on a dataset of image files: up to 4 worker processes per training
+    process (`LOCAL_WORLD_SIZE` of them on this machine), leaving each training process a core of its own; 0 where
+    the cores are too few to leave one.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(0, min(_MAX_DATALOADER_WORKERS, cores // processes_here - 1))
+
+
+def _decode_image_files_in_workers(parser: HfArgumentParser, argv: Sequence[str]) -> None:
+    """
+    Makes [`dataloader_workers_for_images`] the default of `--dataloader_num_workers` when `--dataset` is not the
+    shapes dataset and the command line does not set it. Decoding a batch of JPEG files and making pixel tensors of
+    them then happens while the model trains on the previous batch, instead of between steps. The shapes dataset
+    keeps 0 workers: its small in-memory images gain little from workers, and the workers' seeds would draw from the
+    run's random numbers, changing the published shapes results.
+    """
+    probe = argparse.ArgumentParser(add_help=False)  # reads only these two options, as the full parser does
+    probe.add_argument("--dataset", default=parser.get_default("dataset"))
+    probe.add_argument("--dataloader_num_workers", "--dataloader-num-workers", default=None)
+    given, _ = probe.parse_known_args(list(argv))
+    if given.dataset != "shapes" and given.dataloader_num_workers is None:
+        parser.set_defaults(dataloader_num_workers=dataloader_workers_for_images())
 
 
 def check_pretraining_leaves_steps(training_args: RLCaptionConfig) -> None:

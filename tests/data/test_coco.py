@@ -6,7 +6,7 @@ import datasets
 import pytest
 from PIL import Image
 
-from rlcaption.data import load_caption_imagefolder, load_coco, load_karpathy
+from rlcaption.data import image_checks, load_caption_imagefolder, load_coco, load_karpathy
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "coco_captions"
 
@@ -38,6 +38,12 @@ def _write_karpathy(tmp_path: Path, entries: list[dict], draw: bool = True) -> P
     json_path = tmp_path / "dataset_coco.json"
     json_path.write_text(json.dumps({"images": entries, "dataset": "coco"}))
     return json_path
+
+
+@pytest.fixture(autouse=True)
+def isolated_datasets_cache(tmp_path, monkeypatch):
+    """Image checks remembered in this test's own cache: none from an earlier run is found."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
 
 
 @pytest.fixture
@@ -96,7 +102,7 @@ def test_karpathy_missing_images_one_error(tmp_path):
 
 def test_karpathy_corrupt_image_is_found_before_training(karpathy_coco, tmp_path):
     (tmp_path / "images" / "val2014" / "img3.jpg").write_bytes(b"\xff\xd8\xff broken")
-    with pytest.raises(ValueError, match=r"1 of 6 image files cannot be decoded:\n  .*img3.jpg"):
+    with pytest.raises(ValueError, match=r"1 of 2 images of split .validation. cannot be decoded:\n  .*img3.jpg"):
         load_karpathy(karpathy_coco, tmp_path / "images")
     assert load_karpathy(karpathy_coco, tmp_path / "images", verify_images=False)["validation"].num_rows == 2
 
@@ -106,8 +112,30 @@ def test_karpathy_corrupt_images_can_be_skipped_and_are_named(karpathy_coco, tmp
     with caplog.at_level(logging.WARNING):
         dataset = load_karpathy(karpathy_coco, tmp_path / "images", skip_unreadable_images=True)
     assert dataset["validation"]["image_id"] == [1004]
-    assert "Skipped 1 of 6 images that cannot be decoded" in caplog.text and "img3.jpg" in caplog.text
+    assert "Skipped 1 of 2 images of split 'validation' that cannot be decoded" in caplog.text
+    assert "img3.jpg" in caplog.text
     assert dataset["train"].num_rows == 3 and dataset["test"].num_rows == 1
+
+
+def test_karpathy_images_are_decoded_once_until_a_file_changes(karpathy_coco, tmp_path, monkeypatch):
+    decoded = []
+    find_undecodable_images = image_checks.find_undecodable_images
+
+    def counting(image_files, num_threads=None):
+        decoded.extend(image_files)
+        return find_undecodable_images(image_files, num_threads)
+
+    monkeypatch.setattr(image_checks, "find_undecodable_images", counting)
+    load_karpathy(karpathy_coco, tmp_path / "images")
+    assert len(decoded) == 6
+    decoded.clear()
+    load_karpathy(karpathy_coco, tmp_path / "images")
+    assert decoded == []  # the same files: remembered
+    # a file replaced since (same path, so the same fingerprint) is checked again
+    (tmp_path / "images" / "val2014" / "img3.jpg").write_bytes(b"\xff\xd8\xff broken")
+    with pytest.raises(ValueError, match=r"1 of 2 images of split .validation. cannot be decoded:\n  .*img3.jpg"):
+        load_karpathy(karpathy_coco, tmp_path / "images")
+    assert len(decoded) == 2  # the validation split only
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Metric rewards: per-caption values equal to the metric modules and to pycocoevalcap, bad input, SPIDEr."""
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -174,15 +175,17 @@ def test_meteor_reward_equals_compute_meteor(fakecap_rows):
     assert values[30] == 0.0
 
 
-def training_set(references, image_ids):
-    import datasets
+@pytest.fixture(autouse=True)
+def isolated_datasets_cache(tmp_path, monkeypatch):
+    """Document frequencies remembered in this test's own cache: none from an earlier run is found."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
 
+
+def training_set(references, image_ids):
     return datasets.Dataset.from_dict({"captions": references, "image_id": image_ids})
 
 
 def training_set_without_captions():
-    import datasets
-
     return datasets.Dataset.from_dict({"image_id": [1, 2], "scene": ["a", "b"]})
 
 
@@ -220,3 +223,41 @@ def test_prepare_without_a_captions_column_names_the_reward_and_the_fix(name):
         reward.prepare(training_set_without_captions(), None)
     with pytest.raises(ValueError, match=rf"The '{name}' reward .* got no training dataset"):
         prepare_reward(reward, None, None)
+
+
+def test_document_frequencies_are_counted_once_per_training_set(monkeypatch, fakecap_rows, tmp_path):
+    completions, references, image_ids = fakecap_rows
+    countings = []
+    from_references = DocumentFrequencies.from_references.__func__
+
+    def counting(cls, corpus, *args, **kwargs):
+        countings.append(len(corpus))
+        return from_references(cls, corpus, *args, **kwargs)
+
+    monkeypatch.setattr(DocumentFrequencies, "from_references", classmethod(counting))
+    first_launch = CiderReward()
+    first_launch.prepare(training_set(references[:300], image_ids[:300]), None)
+    assert countings == [300]
+    # the next launch builds the same training set again: its frequencies are read, in the file format of `save`
+    next_launch, spider = CiderReward(), SpiderReward()
+    next_launch.prepare(training_set(references[:300], image_ids[:300]), None)
+    spider.prepare(training_set(references[:300], image_ids[:300]), None)
+    assert countings == [300]
+    counted, read = first_launch.document_frequencies, next_launch.document_frequencies
+    assert (read.num_documents, read.max_n) == (counted.num_documents, counted.max_n) == (300, 4)
+    assert read.index == counted.index  # the same n-grams in the same order
+    np.testing.assert_array_equal(read.counts, counted.counts)
+    assert spider.cider.document_frequencies.index == counted.index
+    inputs = {"completions": completions[300:400], "references": references[300:400], "image_id": image_ids[300:400]}
+    np.testing.assert_array_equal(next_launch(**inputs), first_launch(**inputs))
+    # another training set is counted
+    CiderReward().prepare(training_set(references[:299], image_ids[:299]), None)
+    assert countings == [300, 299]
+    # a file of another format under the remembered name is counted again, and replaced
+    (cache_file,) = (tmp_path / "datasets_cache" / "rlcaption_cider_document_frequencies").glob(
+        f"{training_set(references[:300], image_ids[:300])._fingerprint}*"
+    )
+    cache_file.write_bytes(b"not document frequencies")
+    CiderReward().prepare(training_set(references[:300], image_ids[:300]), None)
+    assert countings == [300, 299, 300]
+    assert DocumentFrequencies.load(cache_file).index == counted.index

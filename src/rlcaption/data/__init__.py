@@ -4,8 +4,9 @@ released region features."""
 from .coco import load_caption_imagefolder, load_coco, load_karpathy
 from .collator import CaptionCollator
 from .features import extract_features
+from .image_checks import check_dataset_images
 from .images import check_image_files, convert_to_rgb, find_undecodable_images, open_image
-from .loading import check_dataset_images, load_caption_dataset
+from .loading import load_caption_dataset
 from .regions import BottomUpTSVRegions, RegionFeatureFolder, add_region_features, open_region_features
 from .shapes import load_shapes
 

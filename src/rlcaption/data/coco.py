@@ -5,8 +5,9 @@ All return a `datasets.DatasetDict` with the columns of the shapes dataset excep
 (`datasets.Image`, decoded lazily from the file path), `captions` (list of `str`, at least one) and `image_id`
 (`int`); `load_karpathy` without `images_root` leaves out `image`, for precomputed features joined by image id
 (`rlcaption.data.regions`). Every loader checks that all image files exist and decode before returning, so that a
-missing or corrupt file fails at once, with one error listing the count and the first paths, instead of stopping
-training mid-run; `skip_unreadable_images=True` drops the files that do not decode instead, naming them in a warning.
+missing or corrupt file fails at once, with one error listing the count and the first paths (or rows), instead of
+stopping training mid-run; `skip_unreadable_images=True` drops the files that do not decode instead, naming them in a
+warning.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 
 import datasets
 
-from .images import check_image_files, find_undecodable_images
+from .image_checks import check_dataset_images
+from .images import check_image_files
 
 __all__ = [
     "caption_features",
@@ -34,8 +36,6 @@ __all__ = [
 _KARPATHY_SPLITS = {"train": "train", "restval": "restval", "val": "validation", "test": "test"}
 _SPLIT_ORDER = ("train", "validation", "test", "restval")
 _SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation"}
-
-logger = datasets.utils.logging.get_logger(__name__)
 
 
 def caption_features() -> datasets.Features:
@@ -107,14 +107,7 @@ def _build_dataset_dict(
     paths = [path for rows in records.values() for path, _, _ in rows]
     with_images = None not in paths
     if with_images:
-        check_image_files(paths, verify=verify_images and not skip_unreadable_images)
-    if with_images and skip_unreadable_images:
-        undecodable = find_undecodable_images(paths)
-        if undecodable:
-            listing = "\n".join(f"  {paths[position]} ({problem})" for position, problem in undecodable.items())
-            logger.warning(f"Skipped {len(undecodable)} of {len(paths)} images that cannot be decoded:\n{listing}")
-            skipped = {paths[position] for position in undecodable}
-            records = {split: [row for row in rows if row[0] not in skipped] for split, rows in records.items()}
+        check_image_files(paths)  # all there: cheap, never remembered
     features = caption_features()
     if not with_images:
         del features["image"]
@@ -129,7 +122,11 @@ def _build_dataset_dict(
         if not with_images:
             del columns["image"]
         splits[split] = datasets.Dataset.from_dict(columns, features=features, split=datasets.NamedSplit(split))
-    return datasets.DatasetDict(splits)
+    dataset = datasets.DatasetDict(splits)
+    if with_images and (verify_images or skip_unreadable_images):
+        # decoded once, then remembered by each split's fingerprint: a later launch on the same files decodes nothing
+        dataset = check_dataset_images(dataset, skip_unreadable_images)
+    return dataset
 
 
 def _normalize_split_names(splits: Iterable[str] | None, allowed: Sequence[str]) -> set[str] | None:
@@ -171,7 +168,8 @@ def load_karpathy(
             30k COCO val2014 images) to `train`, as every published COCO result does; `False` keeps a `restval`
             split.
         verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
-            once); `False` checks only that the files exist.
+            once; the outcome is remembered, so loading the same unchanged files again decodes nothing, see
+            [`check_dataset_images`]); `False` checks only that the files exist.
         skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
             naming them in a warning, instead of raising.
 
@@ -236,7 +234,8 @@ def load_coco(
         images_root (`str` or `os.PathLike`): the folder holding the images (e.g. `train2014/`).
         split_name (`str`, *optional*, defaults to `"train"`): name of the returned split.
         verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
-            once); `False` checks only that the files exist.
+            once; the outcome is remembered, so loading the same unchanged files again decodes nothing, see
+            [`check_dataset_images`]); `False` checks only that the files exist.
         skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
             naming them in a warning, instead of raising.
 
@@ -314,7 +313,8 @@ def load_caption_imagefolder(
     Args:
         folder (`str` or `os.PathLike`): the dataset folder.
         verify_images (`bool`, *optional*, defaults to `True`): check that every image decodes (reads every file
-            once); `False` checks only that the files exist.
+            once; the outcome is remembered, so loading the same unchanged files again decodes nothing, see
+            [`check_dataset_images`]); `False` checks only that the files exist.
         skip_unreadable_images (`bool`, *optional*, defaults to `False`): drop the images that do not decode,
             naming them in a warning, instead of raising.
 

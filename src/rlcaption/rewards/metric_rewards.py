@@ -5,8 +5,9 @@ scores every completion against its own references, as one image of the metric's
 that is only punctuation) scores 0.0.
 
 - `cider`: CIDEr-D with document frequencies computed once from a training corpus (given, loaded from a file, or
-  counted by `prepare` from the training set's `captions`) and reference vectors cached per image (`image_id` when
-  the batch has it), scored in vectorized NumPy.
+  counted by `prepare` from the training set's `captions` and remembered by the training set's fingerprint, so that
+  the next launch on the same data reads them) and reference vectors cached per image (`image_id` when the batch has
+  it), scored in vectorized NumPy.
 - `bleu`: per-image BLEU-n (default n = 4) with the COCO code's per-image smoothing.
 - `rouge_l`: per-image ROUGE-L.
 - `meteor`, `spice`: METEOR 1.5 and SPICE through Java (`rlcaption[java]`).
@@ -15,18 +16,22 @@ that is only punctuation) scores 0.0.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..data.fingerprint_cache import fingerprint_cache_file
 from ..metrics.cider import CiderD, DocumentFrequencies, compute_cider_d_rows
 from ..metrics.tokenization import normalize_caption
 from .base import check_reward_inputs, row_keys
 from .registry import register_reward
 
 __all__ = ["MetricReward", "CiderReward", "BleuReward", "RougeReward", "MeteorReward", "SpiceReward", "SpiderReward"]
+
+logger = logging.getLogger(__name__)
 
 
 class MetricReward:
@@ -93,7 +98,9 @@ def _document_frequencies(
 
 
 def _training_document_frequencies(train_dataset: Any, reward: str) -> DocumentFrequencies:
-    """Document frequencies of a training set's `captions` column (one list of raw captions per image)."""
+    """Document frequencies of a training set's `captions` column (one list of raw captions per image), counted once
+    per training set: they are saved (in the format of `DocumentFrequencies.save`) under the `datasets` cache by the
+    set's fingerprint, and read back by the next launch on the same set (see `rlcaption.data.fingerprint_cache`)."""
     column_names = getattr(train_dataset, "column_names", None)
     if train_dataset is None or column_names is None or "captions" not in column_names:
         found = "no training dataset" if train_dataset is None else f"a training dataset with columns {column_names}"
@@ -104,7 +111,19 @@ def _training_document_frequencies(train_dataset: Any, reward: str) -> DocumentF
             "`DocumentFrequencies.save`, or one list of captions per image), e.g. "
             f"`get_reward({reward!r}, document_frequencies='train_df.json.gz')`."
         )
-    return _document_frequencies(train_dataset["captions"])
+    cache_file = fingerprint_cache_file(train_dataset, "cider_document_frequencies", ".json.gz")
+    if cache_file is not None and cache_file.is_file():
+        try:
+            document_frequencies = DocumentFrequencies.load(cache_file)
+        except (OSError, ValueError) as error:  # damaged, or written by another file version: counted again
+            logger.warning(f"Counting CIDEr-D document frequencies again: {cache_file} cannot be read ({error}).")
+        else:
+            logger.info(f"CIDEr-D document frequencies of this training set read from {cache_file}.")
+            return document_frequencies
+    document_frequencies = _document_frequencies(train_dataset["captions"])
+    if cache_file is not None:
+        document_frequencies.save(cache_file)
+    return document_frequencies
 
 
 @register_reward("cider")
@@ -119,11 +138,12 @@ class CiderReward(MetricReward):
             the IDF statistics: an object, a file written by `DocumentFrequencies.save`, or a training corpus given
             as one list of raw reference captions per image (tokenized and counted once here). `None` lets
             `prepare(train_dataset, processor)` count them from the training set's `captions` column, as
-            `RLCaptionTrainer` does before training. Until then (e.g. in `trl.GRPOTrainer`, which never calls
-            `prepare`), each call takes them from its own references, which equals running the COCO code's `Cider`
-            on that batch: every completion is one document (an empty one too), so an image with `k` completions
-            counts `k` times (no cache across calls, and the weights change from batch to batch; within a call the
-            references of an image are tokenized and counted once).
+            `RLCaptionTrainer` does before training, or read them when the same training set was counted before
+            (they are remembered by its fingerprint under the `datasets` cache). Until then (e.g. in
+            `trl.GRPOTrainer`, which never calls `prepare`), each call takes them from its own references, which
+            equals running the COCO code's `Cider` on that batch: every completion is one document (an empty one
+            too), so an image with `k` completions counts `k` times (no cache across calls, and the weights change
+            from batch to batch; within a call the references of an image are tokenized and counted once).
         sigma (`float`, defaults to 6.0): standard deviation of the Gaussian length penalty.
         max_cached_images (`int`, *optional*): bound on the number of images whose reference vectors are cached.
     """
@@ -159,7 +179,8 @@ class CiderReward(MetricReward):
         )
 
     def prepare(self, train_dataset: Any, processor: Any = None) -> None:
-        """Counts the document frequencies from `train_dataset["captions"]`, unless they were given when built.
+        """Counts the document frequencies from `train_dataset["captions"]` (or reads those counted from the same
+        training set at an earlier launch), unless they were given when built.
 
         Args:
             train_dataset (`datasets.Dataset`): the training set, with a `captions` column (one list of raw

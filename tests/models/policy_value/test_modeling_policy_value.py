@@ -8,6 +8,7 @@ import rlcaption.auto  # noqa: F401  (registers the Auto classes)
 from rlcaption.captioners import captioner_for
 from rlcaption.models import PolicyValueCaptioner, PolicyValueConfig, ShowTellRL, ShowTellRLConfig
 from rlcaption.models.policy_value import ValueLookaheadLogitsProcessor
+from rlcaption.models.policy_value.modeling_policy_value import DEFAULT_LOOKAHEAD_CANDIDATES
 from rlcaption.processing import CaptionProcessor
 
 PAD, BOS, EOS = 0, 1, 2
@@ -321,3 +322,55 @@ def test_lookahead_refuses_settings_it_cannot_honour():
         model.generate(pixel_values=pixel_values, num_beams=3, lookahead_lambda=1.5)
     with pytest.raises(ValueError, match="set lookahead_lambda too"):
         model.generate(pixel_values=pixel_values, num_beams=3, lookahead_candidates=5)
+
+
+def _candidates_valued_per_beam(model: PolicyValueCaptioner, **generate_kwargs) -> set[int]:
+    """The numbers of candidates the value network was handed per beam during one `generate` call."""
+    counts = set()
+    next_token_values = model.value_network.next_token_values
+
+    def counting(image_embeddings, input_ids, candidate_ids, attention_mask=None):
+        counts.add(candidate_ids.shape[1])
+        return next_token_values(image_embeddings, input_ids, candidate_ids, attention_mask)
+
+    model.value_network.next_token_values = counting
+    try:
+        model.generate(**generate_kwargs)
+    finally:
+        del model.value_network.next_token_values  # back to the method
+    return counts
+
+
+def test_lookahead_values_only_the_policy_s_top_candidates_by_default():
+    vocab_size = 3 * DEFAULT_LOOKAHEAD_CANDIDATES
+    model = tiny_model(vocab_size=vocab_size)
+    settings = dict(pixel_values=random_pixels(2), num_beams=3, lookahead_lambda=0.4)
+    assert _candidates_valued_per_beam(model, **settings) == {DEFAULT_LOOKAHEAD_CANDIDATES}
+    assert _candidates_valued_per_beam(model, **settings, lookahead_candidates=7) == {7}
+    assert _candidates_valued_per_beam(model, **settings, lookahead_candidates=vocab_size + 5) == {vocab_size}
+
+
+def test_lookahead_over_the_top_candidates_equals_the_full_search_when_they_cover_its_choices():
+    vocab_size, num_beams = 120, 3
+    model = tiny_model(seed=1, vocab_size=vocab_size)
+    with torch.no_grad():  # a peaked policy, as a trained one is: its best candidates are few
+        model.policy.lm_head.weight.mul_(8.0)
+    settings = dict(
+        pixel_values=random_pixels(3, seed=1), num_beams=num_beams, num_return_sequences=2, lookahead_lambda=0.4,
+        return_dict_in_generate=True, output_scores=True, output_logits=True,
+    )  # fmt: skip
+    full = model.generate(**settings, lookahead_candidates=vocab_size)
+    # beam search keeps at most 2 · num_beams extensions of a beam: the full search's choices at a step lie among each
+    # beam's 2 · num_beams best lookahead scores; their worst rank under the policy is how many candidates cover them
+    covering = 0
+    for lookahead_scores, policy_logits in zip(full.scores, full.logits, strict=True):
+        policy_rank = policy_logits.argsort(dim=-1, descending=True).argsort(dim=-1)  # (beams, vocab)
+        choices = lookahead_scores.topk(2 * num_beams, dim=-1).indices
+        covering = max(covering, int(policy_rank.gather(1, choices).max()) + 1)
+    assert covering < vocab_size // 4  # the restricted search is a real restriction
+    restricted = model.generate(**settings, lookahead_candidates=covering)
+    assert torch.equal(restricted.sequences, full.sequences)
+    torch.testing.assert_close(restricted.sequences_scores, full.sequences_scores, rtol=0, atol=0)
+    # with fewer candidates than that, the search is restricted where the full one chose
+    narrower = model.generate(**settings, lookahead_candidates=1)
+    assert not torch.equal(narrower.sequences_scores, full.sequences_scores)

@@ -36,6 +36,7 @@ from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
 from .configuration_policy_value import PolicyValueConfig
 
 __all__ = [
+    "DEFAULT_LOOKAHEAD_CANDIDATES",
     "PolicyValueCaptioner",
     "PolicyValuePreTrainedModel",
     "ValueLookaheadLogitsProcessor",
@@ -45,6 +46,13 @@ __all__ = [
 # Next-token values of a batch of prefixes: `(input_ids (N, T), candidate_ids (N, K))` -> `(v(s_t) (N,),
 # v(s_t + a) (N, K))`.
 NextTokenValues = Callable[[torch.LongTensor, torch.LongTensor], tuple[torch.FloatTensor, torch.FloatTensor]]
+
+# The policy's most probable next tokens per beam that lookahead decoding hands to the value network, by default.
+# Valuing every word costs a GRU step and the value head per word and beam (about 9,500 words on COCO), while a word
+# far down the policy's ranking rarely wins: at λ = 0.4, a word 8 nats (3,000 times) less likely than the best one
+# needs a value gain of 0.4 · 8 / 0.6 ≈ 5 reward units to be ranked above it, and CIDEr-D rewards are of order 1.
+# 50 words also leave beam search the 2 · num_beams candidates per beam it keeps, for any usual beam width.
+DEFAULT_LOOKAHEAD_CANDIDATES = 50
 
 
 class ValueNetwork(nn.Module):
@@ -201,25 +209,32 @@ class ValueLookaheadLogitsProcessor(LogitsProcessor):
         next_token_values (`Callable`): `(input_ids (N, T), candidate_ids (N, K))` -> `(v(s_t) (N,), v(s_t + a) (N,
             K))`, e.g. [`ValueNetwork.next_token_values`] with each beam's image.
         lookahead_lambda (`float`, *optional*, defaults to 0.4): λ in `[0, 1]`; Ren et al. report 0.4.
-        num_candidates (`int`, *optional*): the value network scores only each beam's `num_candidates` most probable
-            tokens (the others are excluded), which bounds its cost with a large vocabulary; every token when unset.
+        num_candidates (`int`, *optional*, defaults to `DEFAULT_LOOKAHEAD_CANDIDATES` (50)): the value network scores
+            only each beam's `num_candidates` most probable tokens (the others are excluded), which bounds its cost
+            with a large vocabulary. The vocabulary size (or more) scores every token: the full search. Whenever
+            every extension the full search ranks among a beam's `2 · num_beams` best (all beam search can keep) is
+            among the beam's `num_candidates` most probable, both searches return the same captions and scores.
     """
 
     def __init__(
-        self, next_token_values: NextTokenValues, lookahead_lambda: float = 0.4, num_candidates: int | None = None
+        self,
+        next_token_values: NextTokenValues,
+        lookahead_lambda: float = 0.4,
+        num_candidates: int = DEFAULT_LOOKAHEAD_CANDIDATES,
     ):
         if not 0.0 <= lookahead_lambda <= 1.0:
             raise ValueError(f"lookahead_lambda weighs two scores and must be in [0, 1], got {lookahead_lambda}.")
-        if num_candidates is not None and num_candidates < 1:
-            raise ValueError(f"num_candidates must be >= 1 or None (every token), got {num_candidates}.")
+        if num_candidates < 1:
+            raise ValueError(
+                f"num_candidates must be >= 1, got {num_candidates}; pass the vocabulary size to score every token."
+            )
         self.next_token_values = next_token_values
         self.lookahead_lambda = lookahead_lambda
         self.num_candidates = num_candidates
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         """`input_ids` `(N, T)`, the beams; `scores` `(N, vocab_size)`, their next-token log-probabilities."""
-        vocab_size = scores.shape[-1]
-        num_candidates = vocab_size if self.num_candidates is None else min(self.num_candidates, vocab_size)
+        num_candidates = min(self.num_candidates, scores.shape[-1])
         candidate_scores, candidate_ids = scores.topk(num_candidates, dim=-1)  # (N, K)
         current_values, candidate_values = self.next_token_values(input_ids, candidate_ids)  # (N,), (N, K)
         weight = self.lookahead_lambda
@@ -320,9 +335,11 @@ class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, Policy
                 λ of Ren et al.'s lookahead inference (they report 0.4): the beam search (`num_beams >= 2`) ranks every
                 extension by `λ · log p_π + (1 − λ) · v(s_{t+1})`, see [`ValueLookaheadLogitsProcessor`]. Unset: the
                 policy alone decodes.
-            lookahead_candidates (`int`, *optional*):
+            lookahead_candidates (`int`, *optional*, defaults to `DEFAULT_LOOKAHEAD_CANDIDATES` (50)):
                 With `lookahead_lambda`: the value network scores only each beam's `lookahead_candidates` most
-                probable next tokens (every token when unset; set it for a large vocabulary).
+                probable next tokens, the others are excluded; the vocabulary size (or more) scores every token, at a
+                cost that grows with the vocabulary. Both give the same captions whenever the full search's choices
+                are among the policy's top candidates (see [`ValueLookaheadLogitsProcessor`]).
             args, kwargs: as for [`ShowTellRL.generate`]: the images (`pixel_values` or `image_features`), a
                 `generation_config` and its settings.
         """
@@ -349,6 +366,8 @@ class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, Policy
             rows = image_embeddings.repeat_interleave(beams_per_image, dim=0)  # (N, H): beams are grouped by image
             return self.value_network.next_token_values(rows, input_ids, candidate_ids)
 
+        if lookahead_candidates is None:
+            lookahead_candidates = DEFAULT_LOOKAHEAD_CANDIDATES
         lookahead = ValueLookaheadLogitsProcessor(next_token_values, lookahead_lambda, lookahead_candidates)
         # after the other processors, so that tokens they exclude stay excluded
         kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), lookahead])

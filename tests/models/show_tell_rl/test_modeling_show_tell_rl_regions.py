@@ -219,6 +219,10 @@ def test_word_passing_on_regions_ignores_padding_and_trains_the_attention():
     ]
     assert torch.equal(passed[0].token_ids, passed[1].token_ids)
     torch.testing.assert_close(passed[0].probabilities, passed[1].probabilities)
+    # the first step's distribution, before any draw, is each image's own: it attends over the real regions only
+    for row, image in enumerate(regions):
+        alone = decode_with_word_passing(model, image_features=image[None], mode="st", max_length=6)
+        torch.testing.assert_close(passed[0].probabilities[row, 0], alone.probabilities[0, 0])
     passed[0].log_probs.sum().backward()
     assert model.grid_projection.weight.grad.abs().sum() > 0
 

@@ -226,7 +226,8 @@ class ShowTellRLCaptioner(Captioner):
     """rlcaption's ShowTellRL (also when loaded as remote code): encodes each image once for several captions."""
 
     family = "ShowTellRL"
-    image_input_names = ("pixel_values", "image_features")
+    # the padding mask of region features goes with them, through `image_index` and every decoding
+    image_input_names = ("pixel_values", "image_features", "image_feature_mask")
 
     @classmethod
     def handles(cls, model: nn.Module) -> bool:
@@ -250,6 +251,8 @@ class SpeakerListenerCaptioner(ShowTellRLCaptioner):
     """
 
     family = "SpeakerListener"
+    # its listener reads pooled features only: no region mask
+    image_input_names = ("pixel_values", "image_features")
 
     @classmethod
     def handles(cls, model: nn.Module) -> bool:
@@ -267,6 +270,8 @@ class PolicyNetworkCaptioner(ShowTellRLCaptioner):
     """
 
     family = "PolicyValueCaptioner"
+    # its value network reads pooled features only: no region mask
+    image_input_names = ("pixel_values", "image_features")
 
     @classmethod
     def handles(cls, model: nn.Module) -> bool:

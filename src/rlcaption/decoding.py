@@ -47,8 +47,9 @@ __all__ = [
     "token_log_probs",
 ]
 
-# The batch keys that carry the image, in the names of the models' forward() arguments.
-IMAGE_INPUT_NAMES = ("pixel_values", "image_features")
+# The batch keys that carry the image, in the names of the models' forward() arguments; the padding mask of region
+# features travels with them, so that selecting or repeating image rows keeps each image's mask.
+IMAGE_INPUT_NAMES = ("pixel_values", "image_features", "image_feature_mask")
 # Modules that cuDNN differentiates only after a training-mode forward.
 RECURRENT_MODULES = (nn.RNNBase, nn.RNNCellBase)
 
@@ -70,7 +71,8 @@ class GeneratedCaptions:
 
 
 def image_inputs_of(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Returns the image tensors of a collated batch (`pixel_values` and/or `image_features`)."""
+    """Returns the image tensors of a collated batch (`pixel_values` and/or `image_features`, with
+    `image_feature_mask` for padded grids and regions)."""
     inputs = {name: batch[name] for name in IMAGE_INPUT_NAMES if batch.get(name) is not None}
     if not inputs:
         raise ValueError(

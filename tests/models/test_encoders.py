@@ -72,6 +72,40 @@ def test_build_image_encoder_follows_the_config():
     assert isinstance(features, PrecomputedFeatureEncoder) and features.output_size == 7
     cnn = build_image_encoder(ShowTellRLConfig(image_size=32, cnn_channels=[4, 4]))
     assert isinstance(cnn, ConvImageEncoder) and cnn.output_size == 4 * 8 * 8
+    assert features.layout == "pooled"
+    grid_config = ShowTellRLConfig(encoder_type="features", image_feature_size=7, image_feature_layout="grid")
+    assert build_image_encoder(grid_config).layout == "grid"
+
+
+def test_precomputed_regions_pool_to_their_masked_mean_and_zero_their_padding():
+    encoder = PrecomputedFeatureEncoder(3, layout="grid")
+    assert encoder.grid_feature_size == 3 and encoder.num_grid_positions is None  # regions have no fixed position
+    features = torch.randn(2, 4, 3)
+    features[0, 2:] = float("nan")  # padding may hold anything
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    pooled, grid = encoder.forward_with_grid(features, mask)
+    torch.testing.assert_close(pooled[0], features[0, :2].mean(dim=0))
+    torch.testing.assert_close(pooled[1], features[1].mean(dim=0))
+    assert torch.equal(grid[0, 2:], torch.zeros(2, 3)) and torch.equal(grid[:, :2], features[:, :2])
+    torch.testing.assert_close(encoder(features, mask), pooled)
+    # a fixed grid needs no mask
+    torch.testing.assert_close(encoder(features[1:]), features[1:].mean(dim=1))
+
+
+def test_precomputed_features_are_checked_against_their_layout_and_mask():
+    grid, pooled = PrecomputedFeatureEncoder(3, layout="grid"), PrecomputedFeatureEncoder(3)
+    with pytest.raises(ValueError, match=r"\(batch_size, num_regions, 3\).*image_feature_layout='pooled'"):
+        grid(torch.randn(2, 3))
+    with pytest.raises(ValueError, match=r"\(batch_size, 3\).*image_feature_layout='grid'"):
+        pooled(torch.randn(2, 4, 3))
+    with pytest.raises(ValueError, match="image_feature_layout='grid'"):
+        pooled.forward_with_grid(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="does not match"):
+        grid(torch.randn(2, 4, 3), torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"no region at all in batch rows \[0, 2\]"):
+        grid(torch.randn(3, 4, 3), torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]))
+    with pytest.raises(ValueError, match="Unknown image feature layout 'regions'"):
+        PrecomputedFeatureEncoder(3, layout="regions")
 
 
 def test_pooling_rules():

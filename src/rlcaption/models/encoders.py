@@ -9,8 +9,9 @@ decoders read at every step:
   such as "a red circle left of a blue square" depend on where things are.
 - [`BackboneImageEncoder`]: any `transformers` vision model (ViT, ResNet, ConvNeXt, CLIP vision, ...) built from a
   config dict or loaded from a hub id / local path; its pooled output is the feature. It can be frozen.
-- [`PrecomputedFeatureEncoder`]: features extracted beforehand (`rlcaption extract-features`) pass through
-  unchanged, so training never runs the vision model.
+- [`PrecomputedFeatureEncoder`]: features extracted beforehand (`rlcaption extract-features`, or released region
+  features) pass through unchanged, so training never runs the vision model: pooled vectors, or fixed grids and
+  variable-count regions with a padding mask, pooled by their masked mean and kept as the grid for attention.
 
 The encoder types (`ENCODER_TYPES`) and the pooling of a vision model's output into one vector per image or its grid
 (`pool_image_features`, also what feature extraction stores) are defined here and nowhere else.
@@ -33,6 +34,7 @@ __all__ = [
     "init_cnn_and_gru_weights",
     "ENCODER_TYPES",
     "IMAGE_ENCODER_TYPES",
+    "IMAGE_FEATURE_LAYOUTS",
     "BackboneImageEncoder",
     "ConvImageEncoder",
     "MixedPrecisionLSTM",
@@ -49,6 +51,8 @@ logger = logging.get_logger(__name__)
 IMAGE_ENCODER_TYPES = ("cnn", "backbone")
 # Every `encoder_type` of a captioning config: the image encoders, then precomputed features.
 ENCODER_TYPES = (*IMAGE_ENCODER_TYPES, "features")
+# How precomputed features hold an image: one pooled vector, or a grid / regions of vectors (with a padding mask).
+IMAGE_FEATURE_LAYOUTS = ("pooled", "grid")
 # How `pool_image_features` reduces a vision model's output: one vector per image, or the grid of positions kept.
 POOLING_MODES = ("auto", "none")
 
@@ -224,19 +228,94 @@ class BackboneImageEncoder(nn.Module):
 
 
 class PrecomputedFeatureEncoder(nn.Module):
-    """Checks and passes through precomputed features `(batch_size, feature_size)`."""
+    """Checks and passes through precomputed features: one vector per image, or a grid or regions per image.
 
-    def __init__(self, feature_size: int):
+    With `layout="pooled"` the features are `(batch_size, feature_size)` and pass through unchanged. With
+    `layout="grid"` they are `(batch_size, num_regions, feature_size)` (a fixed grid, or bottom-up regions padded to
+    the batch's largest count) with an optional `image_feature_mask` `(batch_size, num_regions)`, 1 for a real region
+    and 0 for padding: the pooled vector is the mean over the real regions, and the grid an attention decoder reads
+    has its padding zeroed (whatever the padding held, it cannot leak into the result). Regions have no fixed
+    positions, so `num_grid_positions` is None: no position embeddings.
+
+    Args:
+        feature_size (`int`): width of the features (the extractor's).
+        layout (`str`, *optional*, defaults to `"pooled"`): one of `IMAGE_FEATURE_LAYOUTS`.
+    """
+
+    def __init__(self, feature_size: int, layout: str = "pooled"):
         super().__init__()
+        if layout not in IMAGE_FEATURE_LAYOUTS:
+            raise ValueError(f"Unknown image feature layout {layout!r}; expected one of {IMAGE_FEATURE_LAYOUTS}.")
         self.output_size = feature_size
+        self.layout = layout
+        self.grid_feature_size = feature_size if layout == "grid" else None
+        self.num_grid_positions = None
 
-    def forward(self, image_features: torch.FloatTensor) -> torch.FloatTensor:
+    def forward(
+        self, image_features: torch.FloatTensor, image_feature_mask: torch.Tensor | None = None
+    ) -> torch.FloatTensor:
+        """`image_features` `(batch_size, feature_size)`, or `(batch_size, num_regions, feature_size)` with its
+        optional `image_feature_mask` `(batch_size, num_regions)` -> `(batch_size, feature_size)`."""
+        if self.layout == "pooled":
+            self._check_pooled(image_features, image_feature_mask)
+            return image_features
+        return self.forward_with_grid(image_features, image_feature_mask)[0]
+
+    def forward_with_grid(
+        self, image_features: torch.FloatTensor, image_feature_mask: torch.Tensor | None = None
+    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """The mean over each image's real regions `(batch_size, feature_size)` and its regions as a grid
+        `(batch_size, num_regions, feature_size)`, zero at padding."""
+        if self.layout != "grid":
+            raise ValueError(
+                "Attention needs a grid or regions per image, but this encoder reads pooled features "
+                "(batch_size, feature_size); set image_feature_layout='grid' in the config."
+            )
+        if image_features.dim() != 3 or image_features.shape[-1] != self.output_size:
+            raise ValueError(
+                f"Expected image_features of shape (batch_size, num_regions, {self.output_size}) but got "
+                f"{tuple(image_features.shape)}; set image_feature_size in the config to the extractor's width"
+                + (" (pooled features need image_feature_layout='pooled')." if image_features.dim() == 2 else ".")
+            )
+        if image_feature_mask is None:
+            return image_features.mean(dim=1), image_features
+        real = self._region_mask(image_features, image_feature_mask)  # (B, N)
+        grid = image_features.masked_fill(~real[..., None], 0.0)
+        num_regions = real.sum(dim=1, keepdim=True).to(grid.dtype)  # (B, 1), at least 1
+        return grid.sum(dim=1) / num_regions, grid
+
+    def _check_pooled(self, image_features: torch.FloatTensor, image_feature_mask: torch.Tensor | None) -> None:
         if image_features.dim() != 2 or image_features.shape[-1] != self.output_size:
             raise ValueError(
                 f"Expected image_features of shape (batch_size, {self.output_size}) but got "
-                f"{tuple(image_features.shape)}; set image_feature_size in the config to the extractor's width."
+                f"{tuple(image_features.shape)}; set image_feature_size in the config to the extractor's width"
+                + (" (grids and regions need image_feature_layout='grid')." if image_features.dim() == 3 else ".")
             )
-        return image_features
+        if image_feature_mask is not None:
+            raise ValueError(
+                "Got an image_feature_mask with pooled image features (one vector per image, nothing to mask); "
+                "drop the mask, or set image_feature_layout='grid' for features of several regions per image."
+            )
+
+    @staticmethod
+    def _region_mask(image_features: torch.FloatTensor, image_feature_mask: torch.Tensor) -> torch.BoolTensor:
+        """`image_feature_mask` as booleans on the features' device, checked: its shape, and a region in every row."""
+        if image_feature_mask.shape != image_features.shape[:2]:
+            raise ValueError(
+                f"image_feature_mask of shape {tuple(image_feature_mask.shape)} does not match image_features of "
+                f"shape {tuple(image_features.shape)}: it needs one entry per region, "
+                f"{tuple(image_features.shape[:2])}."
+            )
+        real = image_feature_mask.to(image_features.device) != 0
+        # a masked mean and an attention over no region at all are undefined (NaN): refuse such images
+        has_region = real.any(dim=1)
+        if not bool(has_region.all()):
+            empty_rows = (~has_region).nonzero().flatten().tolist()
+            raise ValueError(
+                f"image_feature_mask marks no region at all in batch rows {empty_rows}: every image needs at "
+                "least one real region (mask value 1); drop the images without regions from the dataset."
+            )
+        return real
 
 
 def build_image_encoder(config) -> ConvImageEncoder | BackboneImageEncoder | PrecomputedFeatureEncoder:
@@ -246,7 +325,8 @@ def build_image_encoder(config) -> ConvImageEncoder | BackboneImageEncoder | Pre
     if config.encoder_type == "backbone":
         return BackboneImageEncoder(config.backbone_config, freeze=config.freeze_backbone)
     if config.encoder_type == "features":
-        return PrecomputedFeatureEncoder(config.image_feature_size)
+        # configs written before grids and regions existed have no layout: their features are pooled
+        return PrecomputedFeatureEncoder(config.image_feature_size, getattr(config, "image_feature_layout", "pooled"))
     raise ValueError(f"Unknown encoder_type {config.encoder_type!r}; expected one of {ENCODER_TYPES}.")
 
 

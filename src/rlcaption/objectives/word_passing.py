@@ -87,6 +87,7 @@ def decode_with_word_passing(
     model: ShowTellRL | SpeakerListener,
     pixel_values: torch.FloatTensor | None = None,
     image_features: torch.FloatTensor | None = None,
+    image_feature_mask: torch.LongTensor | None = None,
     mode: str = "psst",
     max_length: int | None = None,
     rho: float = 0.25,
@@ -107,7 +108,10 @@ def decode_with_word_passing(
         pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
             Images (`"cnn"`/`"backbone"` encoders).
         image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
-            Precomputed features (`"features"` encoder).
+            Precomputed features (`"features"` encoder); `(batch_size, num_regions, image_feature_size)` for a speaker
+            with `image_feature_layout="grid"`.
+        image_feature_mask (`torch.LongTensor` of shape `(batch_size, num_regions)`, *optional*):
+            1 for a real region of `image_features`, 0 for padding; the speaker attends over the real regions only.
         mode (`str`, *optional*, defaults to `"psst"`):
             One of [`WORD_PASSING_MODES`] (see the module documentation).
         max_length (`int`, *optional*):
@@ -140,7 +144,7 @@ def decode_with_word_passing(
     if max_length < 2:
         raise ValueError(f"max_length counts <bos> and must be at least 2 to decode a word, got {max_length}.")
 
-    state = model.initial_state(pixel_values, image_features)
+    state = model.initial_state(pixel_values, image_features, image_feature_mask)
     batch_size, device = state.hidden.shape[1], state.hidden.device
     never_predicted = torch.tensor([config.pad_token_id, config.bos_token_id], device=device)
     inputs = model.word_embeddings(torch.full((batch_size,), config.bos_token_id, device=device))  # (B, W)

@@ -15,6 +15,8 @@ from rlcaption.models.show_tell_rl import CACHE_NAME, ShowTellRL, ShowTellRLConf
 PAD, BOS, EOS = 0, 1, 2
 # the recurrent-state contract (caching, beams, prefixes) must hold for Show and Tell and for Show, Attend and Tell
 WITH_AND_WITHOUT_ATTENTION = pytest.mark.parametrize("image_attention", [False, True], ids=["show-tell", "attention"])
+# ... and for attention over the padded regions of precomputed features
+IMAGE_KINDS = pytest.mark.parametrize("image_kind", ["show-tell", "attention", "regions"])
 
 
 def tiny_config(**overrides) -> ShowTellRLConfig:
@@ -45,6 +47,20 @@ def random_captions(batch_size: int, length: int, seed: int = 1) -> torch.LongTe
 
 def random_pixels(batch_size: int, seed: int = 2) -> torch.FloatTensor:
     return torch.randn(batch_size, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def tiny_model_and_images(image_kind: str, batch_size: int, **overrides) -> tuple[ShowTellRL, dict]:
+    """A tiny model and its image inputs: pixels through the CNN (`"show-tell"`, `"attention"`), or `"regions"`,
+    precomputed features of 1, 2, 3, ... regions per image padded to 4 with a large constant, attended over."""
+    if image_kind != "regions":
+        model = tiny_model(image_attention=image_kind == "attention", **overrides)
+        return model, {"pixel_values": random_pixels(batch_size)}
+    model = tiny_model(
+        encoder_type="features", image_feature_size=12, image_feature_layout="grid", image_attention=True, **overrides
+    )
+    features = torch.randn(batch_size, 4, 12, generator=torch.Generator().manual_seed(2))
+    mask = (torch.arange(4) <= torch.arange(batch_size)[:, None] % 4).long()  # (B, 4)
+    return model, {"image_features": features.masked_fill(mask[..., None] == 0, 100.0), "image_feature_mask": mask}
 
 
 def manual_greedy(model: ShowTellRL, pixel_values: torch.Tensor, max_length: int) -> torch.LongTensor:
@@ -121,16 +137,17 @@ def test_loss_backward_reaches_every_parameter(image_attention):
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
 
 
-@WITH_AND_WITHOUT_ATTENTION
-def test_full_forward_equals_prefix_then_cached_steps(image_attention):
-    model = tiny_model(num_layers=2, image_attention=image_attention)
-    ids, pixels = random_captions(3, 7), random_pixels(3)
-    full = model(ids, pixel_values=pixels)
-    prefix = model(ids[:, :3], pixel_values=pixels)
+@IMAGE_KINDS
+def test_full_forward_equals_prefix_then_cached_steps(image_kind):
+    model, images = tiny_model_and_images(image_kind, 3, num_layers=2)
+    ids = random_captions(3, 7)
+    full = model(ids, **images)
+    prefix = model(ids[:, :3], **images)
     logits, cache = [prefix.logits], getattr(prefix, CACHE_NAME)
+    # the image inputs must be ignored once there is a cache (an all-zero region mask would be refused)
+    ignored_images = {name: torch.zeros_like(tensor) for name, tensor in images.items()}
     for t in range(3, 7):
-        # the image inputs must be ignored once there is a cache
-        out = model(ids[:, t : t + 1], pixel_values=torch.zeros_like(pixels), cache=cache)
+        out = model(ids[:, t : t + 1], **ignored_images, cache=cache)
         logits.append(out.logits)
         cache = getattr(out, CACHE_NAME)
     torch.testing.assert_close(torch.cat(logits, dim=1), full.logits)
@@ -229,22 +246,22 @@ def test_caption_log_probs_agree_with_forward_logits(image_attention):
         assert log_probs[b, t].item() == pytest.approx(expected, abs=1e-5)
 
 
-@WITH_AND_WITHOUT_ATTENTION
-def test_prefix_states_agree_with_step_by_step(image_attention):
-    model = tiny_model(num_layers=2, image_attention=image_attention)
-    ids, pixels = random_captions(2, 5), random_pixels(2)
-    prefix_states = model.prefix_states(ids, pixel_values=pixels)
+@IMAGE_KINDS
+def test_prefix_states_agree_with_step_by_step(image_kind):
+    model, images = tiny_model_and_images(image_kind, 2, num_layers=2)
+    ids = random_captions(2, 5)
+    prefix_states = model.prefix_states(ids, **images)
     hidden, cell = prefix_states.hidden, prefix_states.cell
     assert hidden.shape == cell.shape == (2, 2, 5, 32)
-    state = model.initial_state(pixels)
-    outputs = model(ids, pixel_values=pixels, output_hidden_states=True).hidden_states
+    state = model.initial_state(**images)
+    outputs = model(ids, **images, output_hidden_states=True).hidden_states
     for t in range(5):
         logits, top_hidden, state = model.step(ids[:, t], state)
         torch.testing.assert_close(hidden[:, :, t], state.hidden)
         torch.testing.assert_close(cell[:, :, t], state.cell)
         torch.testing.assert_close(top_hidden, outputs[:, t])
     # continuing from a prefix state gives the forward's next-token logits, also for rows picked out of order
-    full_logits = model(ids, pixel_values=pixels).logits
+    full_logits = model(ids, **images).logits
     resumed = prefix_states.state_after(torch.tensor([1, 0]), torch.tensor([3, 3]))
     logits, _, _ = model.step(ids[[1, 0], 3], resumed)
     torch.testing.assert_close(logits, full_logits[[1, 0], 3])
@@ -264,7 +281,7 @@ def test_attention_reads_the_image_at_every_step():
         model.step(ids[:, 0], ShowTellRLState(state.hidden, state.cell, 0))
 
 
-def test_attention_is_refused_for_precomputed_features():
+def test_attention_is_refused_for_pooled_precomputed_features():
     with pytest.raises(ValueError, match="feature grid"):
         tiny_config(encoder_type="features", image_feature_size=12, image_attention=True)
 
@@ -295,9 +312,9 @@ def test_several_captions_per_image_encode_each_image_once(image_attention):
     encoded_rows = []
     encode_images = model.encode_images
 
-    def counting_encode_images(pixel_values=None, image_features=None):
+    def counting_encode_images(pixel_values=None, image_features=None, image_feature_mask=None):
         encoded_rows.append(pixel_values.shape[0])
-        return encode_images(pixel_values, image_features)
+        return encode_images(pixel_values, image_features, image_feature_mask)
 
     model.encode_images = counting_encode_images
     torch.manual_seed(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, PretrainedConfig
 
-from rlcaption.models.encoders import ENCODER_TYPES
+from rlcaption.models.encoders import ENCODER_TYPES, IMAGE_FEATURE_LAYOUTS
 
 __all__ = ["ShowTellRLConfig"]
 
@@ -50,11 +50,19 @@ class ShowTellRLConfig(PretrainedConfig):
             ([`rlcaption.scene_pretraining`]): saved with the model, so every later training (XE, RL) keeps it fixed.
         image_feature_size (`int`, *optional*):
             Width of precomputed `image_features` (`"features"` encoder).
+        image_feature_layout (`str`, *optional*, defaults to `"pooled"`):
+            How precomputed `image_features` hold an image (`"features"` encoder): `"pooled"`, one vector per image
+            `(batch_size, image_feature_size)`; or `"grid"`, several per image `(batch_size, num_regions,
+            image_feature_size)`, a fixed grid (`extract-features --pooling none`) or regions whose count varies
+            (bottom-up features), padded with an `image_feature_mask` `(batch_size, num_regions)`, 1 for a real
+            region and 0 for padding. The first LSTM input is the mean over the real regions; `image_attention`
+            attends over them, with no position embeddings (regions have no fixed positions).
         image_attention (`bool`, *optional*, defaults to `False`):
             Attend over the image encoder's feature grid at every step (Show, Attend and Tell; Xu et al. 2015): the
             LSTM output queries the grid cells (with learned position embeddings for the `"cnn"` encoder) and the
             word is predicted from both. Without it the image is read once, before `<bos>` (Show and Tell), which is
-            too little to bind each colour to its shape. Not available with precomputed `"features"` (one vector).
+            too little to bind each colour to its shape. With precomputed `"features"`, needs
+            `image_feature_layout="grid"`.
         max_caption_length (`int`, *optional*, defaults to 20):
             Most tokens a generated caption gets after `<bos>`, its end token included: the trainer's
             `max_caption_length`. The generation config's `max_length`, which counts `<bos>` too, is this + 1.
@@ -92,6 +100,7 @@ class ShowTellRLConfig(PretrainedConfig):
         freeze_backbone: bool = True,
         freeze_image_encoder: bool = False,
         image_feature_size: int | None = None,
+        image_feature_layout: str = "pooled",
         image_attention: bool = False,
         max_caption_length: int = 20,
         initializer_range: float = 0.02,
@@ -121,6 +130,7 @@ class ShowTellRLConfig(PretrainedConfig):
         self.freeze_backbone = freeze_backbone
         self.freeze_image_encoder = freeze_image_encoder
         self.image_feature_size = image_feature_size
+        self.image_feature_layout = image_feature_layout
         self.image_attention = image_attention
         self.max_caption_length = max_caption_length
         self.initializer_range = initializer_range
@@ -174,14 +184,20 @@ class ShowTellRLConfig(PretrainedConfig):
                 )
             if self.use_pretrained_backbone and self.backbone is None:
                 raise ValueError("use_pretrained_backbone=True needs `backbone` (the hub id or folder to load).")
-        elif self.image_attention:
-            raise ValueError(
-                "image_attention=True needs a feature grid, which precomputed image features "
-                "(encoder_type='features') do not have; use encoder_type='cnn' or 'backbone', or set "
-                "image_attention=False."
-            )
-        elif not isinstance(self.image_feature_size, int) or self.image_feature_size < 1:
-            raise ValueError(
-                "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "
-                f"got {self.image_feature_size!r}."
-            )
+        else:
+            if not isinstance(self.image_feature_size, int) or self.image_feature_size < 1:
+                raise ValueError(
+                    "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "
+                    f"got {self.image_feature_size!r}."
+                )
+            if self.image_feature_layout not in IMAGE_FEATURE_LAYOUTS:
+                raise ValueError(
+                    f"ShowTellRLConfig.image_feature_layout={self.image_feature_layout!r} is not supported; expected "
+                    f"one of {IMAGE_FEATURE_LAYOUTS}."
+                )
+            if self.image_attention and self.image_feature_layout != "grid":
+                raise ValueError(
+                    "image_attention=True needs a feature grid, which pooled image features (one vector per image) "
+                    "do not have; set image_feature_layout='grid' and pass features of shape (batch_size, "
+                    "num_regions, image_feature_size), or set image_attention=False."
+                )

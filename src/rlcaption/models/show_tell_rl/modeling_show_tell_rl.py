@@ -2,7 +2,8 @@
 
 image -> encoder -> linear -> first LSTM input (the image is fed once, before `<bos>`); then the LSTM reads the words;
 dropout; linear to the vocabulary. With `config.image_attention`, each LSTM output also attends over the encoder's
-feature grid and the word is predicted from both (Show, Attend and Tell). Generation (`model.generate`) runs on a
+feature grid (or the regions of precomputed features, skipping their padding) and the word is predicted from both
+(Show, Attend and Tell). Generation (`model.generate`) runs on a
 recurrent state object ([`ShowTellRLState`]) instead of a key/value cache. The methods used by the RL objectives
 (log-probabilities of given captions, stepping the LSTM, the state after every prefix for Monte-Carlo rollouts, the
 the hidden states Liu et al.'s baseline reads) are plain methods with documented shapes.
@@ -89,7 +90,8 @@ def _is_inside_conv_encoder(model: nn.Module, module: nn.Module) -> bool:
 class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
     """Show-and-Tell LSTM captioner (Liu et al. 2017), with attention over the image grid as an option.
 
-    Decode with `model.generate(pixel_values=...)` (or `image_features=...` for the `"features"` encoder): greedy,
+    Decode with `model.generate(pixel_values=...)` (or `image_features=...`, with `image_feature_mask=...` for padded
+    regions, for the `"features"` encoder): greedy,
     sampling (`do_sample`, `temperature`, `top_k`, `top_p`), beam search (`num_beams`) and `num_return_sequences`
     all work; the returned sequences start with `<bos>`. A text prompt (`input_ids`, e.g. `processor(images=...,
     text="a red")`) is continued; the `image-text-to-text` pipeline captions with `text=""`.
@@ -180,7 +182,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         # images are read at the first step only; afterwards the recurrent state carries them.
         image_inputs = {
             name: model_kwargs.pop(name)
-            for name in ("pixel_values", "image_features")
+            for name in ("pixel_values", "image_features", "image_feature_mask")
             if model_kwargs.get(name) is not None
         }
         input_ids, model_kwargs = super()._expand_inputs_for_generation(
@@ -217,48 +219,73 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         self.image_encoder.requires_grad_(not frozen)
 
     def encode_images(
-        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
-    ) -> torch.FloatTensor | tuple[torch.FloatTensor, torch.FloatTensor]:
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
+    ) -> torch.FloatTensor | tuple[torch.FloatTensor, torch.FloatTensor, torch.BoolTensor | None]:
         """Image embedding fed to the LSTM before `<bos>` (and, with `config.image_attention`, the grid it attends to).
 
         Args:
             pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`): for the `"cnn"`
                 and `"backbone"` encoders.
-            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`): for `"features"`.
+            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, or `(batch_size,
+                num_regions, image_feature_size)` with `config.image_feature_layout="grid"`): for `"features"`.
+            image_feature_mask (`torch.LongTensor` of shape `(batch_size, num_regions)`, *optional*): 1 for a real
+                region, 0 for padding (`"grid"` features); all regions are real when it is None.
 
         Returns:
             `torch.FloatTensor` of shape `(batch_size, word_embedding_size)`; with `config.image_attention`, also the
-            projected grid `(batch_size, num_positions, hidden_size)`.
+            projected grid `(batch_size, num_positions, hidden_size)` and its mask `(batch_size, num_positions)`
+            (True at real regions; None when every position is real).
         """
+        encoder_inputs = self._image_encoder_inputs(pixel_values, image_features, image_feature_mask)
+        if not self.config.image_attention:
+            return self.image_norm(self.image_projection(self.image_encoder(*encoder_inputs)))
+        encoded, grid = self.image_encoder.forward_with_grid(*encoder_inputs)
+        grid = self.grid_projection(grid)  # (B, N, H)
+        if self.grid_position_embeddings is not None:
+            grid = grid + self.grid_position_embeddings.weight.to(grid.device)
+        grid_mask = None if image_feature_mask is None else image_feature_mask.to(grid.device) != 0
+        return self.image_norm(self.image_projection(encoded)), self.grid_norm(grid), grid_mask
+
+    def _image_encoder_inputs(
+        self,
+        pixel_values: torch.FloatTensor | None,
+        image_features: torch.FloatTensor | None,
+        image_feature_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, ...]:
+        """The arguments of the image encoder's `forward` / `forward_with_grid`, in the model's dtype, checked."""
         if self.config.encoder_type == "features":
             if image_features is None:
                 raise ValueError(
                     "This model reads precomputed features (encoder_type='features'): pass image_features."
                 )
-            encoded = self.image_encoder(image_features.to(self.dtype))
-        else:
-            if pixel_values is None:
-                raise ValueError(
-                    f"This model encodes images itself (encoder_type={self.config.encoder_type!r}): pass pixel_values "
-                    "(from CaptionProcessor)."
-                )
-            if self.config.image_attention:
-                encoded, grid = self.image_encoder.forward_with_grid(pixel_values.to(self.dtype))
-                grid = self.grid_projection(grid)  # (B, N, H)
-                if self.grid_position_embeddings is not None:
-                    grid = grid + self.grid_position_embeddings.weight.to(grid.device)
-                return self.image_norm(self.image_projection(encoded)), self.grid_norm(grid)
-            encoded = self.image_encoder(pixel_values.to(self.dtype))
-        return self.image_norm(self.image_projection(encoded))
+            return image_features.to(self.dtype), image_feature_mask
+        if pixel_values is None:
+            raise ValueError(
+                f"This model encodes images itself (encoder_type={self.config.encoder_type!r}): pass pixel_values "
+                "(from CaptionProcessor)."
+            )
+        if image_feature_mask is not None:
+            raise ValueError(
+                "Got an image_feature_mask, which masks the regions of precomputed image_features, but this model "
+                f"reads pixel_values (encoder_type={self.config.encoder_type!r}); drop the mask."
+            )
+        return (pixel_values.to(self.dtype),)
 
     def initial_state(
-        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> ShowTellRLState:
-        """LSTM state after reading the image embedding (before `<bos>`), from a zero state."""
-        image_grid = None
-        image_embeddings = self.encode_images(pixel_values, image_features)  # (B, W)
+        """LSTM state after reading the image embedding (before `<bos>`), from a zero state; the image inputs as in
+        [`encode_images`]."""
+        image_grid = image_grid_mask = None
+        image_embeddings = self.encode_images(pixel_values, image_features, image_feature_mask)  # (B, W)
         if self.config.image_attention:
-            image_embeddings, image_grid = image_embeddings
+            image_embeddings, image_grid, image_grid_mask = image_embeddings
         batch_size = image_embeddings.shape[0]
         zeros = image_embeddings.new_zeros(self.config.num_layers, batch_size, self.config.hidden_size)
         attention_output = None
@@ -266,7 +293,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             attention_output = image_embeddings.new_zeros(batch_size, self.config.hidden_size)
             image_embeddings = torch.cat([image_embeddings, attention_output], dim=-1)
         _, (hidden, cell) = self.lstm(image_embeddings[:, None, :], (zeros, zeros))
-        return ShowTellRLState(hidden, cell, 0, image_grid, attention_output)
+        return ShowTellRLState(hidden, cell, 0, image_grid, attention_output, image_grid_mask)
 
     # ---------------------------------------------------------------- LSTM over words
     def _step_state(
@@ -285,8 +312,10 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         outputs, (hidden, cell) = self.lstm(word_embeddings[:, None, :], (state.hidden, state.cell))
         top = outputs[:, 0]  # (B, H)
         if self.config.image_attention:
-            top = self._attend(top, state.image_grid)
-            return top, ShowTellRLState(hidden, cell, state.seq_length + 1, state.image_grid, top)
+            top = self._attend(top, state.image_grid, state.image_grid_mask)
+            return top, ShowTellRLState(
+                hidden, cell, state.seq_length + 1, state.image_grid, top, state.image_grid_mask
+            )
         return top, ShowTellRLState(hidden, cell, state.seq_length + 1)
 
     def _decode_stepwise(
@@ -319,6 +348,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             torch.stack(cells, dim=2),
             state.image_grid,
             torch.stack(attention_outputs, dim=1) if state.image_grid is not None else None,  # (B, T, H)
+            state.image_grid_mask,
         )
         return torch.stack(outputs, dim=1), prefix_states, state
 
@@ -353,15 +383,25 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         outputs, _, final = self._decode_stepwise(inputs, ShowTellRLState(*state), step_mask)  # left padding, holes
         return outputs, (final.hidden, final.cell)
 
-    def _attend(self, lstm_output: torch.FloatTensor, image_grid: torch.FloatTensor | None) -> torch.FloatTensor:
+    def _attend(
+        self,
+        lstm_output: torch.FloatTensor,
+        image_grid: torch.FloatTensor | None,
+        image_grid_mask: torch.BoolTensor | None = None,
+    ) -> torch.FloatTensor:
         """The attentional output `(B, H)`: the LSTM output `(B, H)` combined with its read-out of the caption's image
-        grid `(B, N, H)` by scaled dot-product attention (Luong et al. 2015, with input feeding)."""
+        grid `(B, N, H)` by scaled dot-product attention (Luong et al. 2015, with input feeding); positions where
+        `image_grid_mask` `(B, N)` is False (padded regions) get no weight."""
         if image_grid is None:
             raise ValueError("This model attends over the image grid: the state it continues from must carry it.")
         query = self.attention_query(lstm_output)  # (B, H)
         image_grid = image_grid.to(query.device)  # with a `device_map`, the image encoder may sit elsewhere
-        scores = (query[:, None, :] @ image_grid.transpose(1, 2))[:, 0]  # (B, N)
-        weights = torch.softmax(scores / self.config.hidden_size**0.5, dim=-1)
+        scores = (query[:, None, :] @ image_grid.transpose(1, 2))[:, 0] / self.config.hidden_size**0.5  # (B, N)
+        if image_grid_mask is not None:
+            # the lowest finite score: exp() gives padding exactly 0 weight; every row has a real region (the encoder
+            # refuses a row without one), so no row is all padding
+            scores = scores.masked_fill(~image_grid_mask.to(scores.device), torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)
         context = (weights[:, None, :] @ image_grid)[:, 0]  # (B, H)
         return torch.tanh(self.attention_output(torch.cat([lstm_output.to(context.device), context], dim=-1)))
 
@@ -381,6 +421,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.LongTensor | None = None,
         attention_mask: torch.LongTensor | None = None,
         cache: ShowTellRLState | None = None,
         labels: torch.LongTensor | None = None,
@@ -397,7 +438,11 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
                 Images (`"cnn"`/`"backbone"` encoders). Read only when `cache` is None.
             image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
-                Precomputed features (`"features"` encoder). Read only when `cache` is None.
+                Precomputed features (`"features"` encoder), `(batch_size, num_regions, image_feature_size)` with
+                `config.image_feature_layout="grid"`. Read only when `cache` is None.
+            image_feature_mask (`torch.LongTensor` of shape `(batch_size, num_regions)`, *optional*):
+                1 for a real region of `image_features`, 0 for padding (`"grid"` features of varying region counts);
+                every region is real when it is None. Read only when `cache` is None.
             attention_mask (`torch.LongTensor` of shape `(batch_size, sequence_length)` or
             `(batch_size, past_length + sequence_length)`, *optional*):
                 1 for tokens, 0 for padding; the LSTM state is carried unchanged through padding (left or right).
@@ -409,8 +454,8 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                 are ignored. Usually `labels = input_ids`.
             image_index (`torch.LongTensor` of shape `(batch_size,)`, *optional*):
                 For several captions per image: the row of each caption's image in `pixel_values`/`image_features`
-                (which then hold each image once). Images are encoded once and their state shared by their captions,
-                instead of encoding repeated copies.
+                and `image_feature_mask` (which then hold each image once). Images are encoded once and their
+                state shared by their captions, instead of encoding repeated copies.
             use_cache (`bool`, *optional*):
                 Return the final state as `cache`. Defaults to True in eval mode and False in training
                 mode, where the state is not needed and right-padded batches take a faster path.
@@ -435,7 +480,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         if cache is not None:
             state = cache
         else:
-            state = self.initial_state(pixel_values, image_features)
+            state = self.initial_state(pixel_values, image_features, image_feature_mask)
             if image_index is not None:
                 state = state.select(image_index)
         # 2. LSTM over the words
@@ -489,6 +534,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         attention_mask: torch.LongTensor | None = None,
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.LongTensor | None = None,
     ) -> torch.FloatTensor:
         """Log-probability of each next token of given captions under the model (teacher forcing).
 
@@ -496,6 +542,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             input_ids (`torch.LongTensor` of shape `(batch_size, T)`): captions starting with `<bos>`.
             attention_mask (`torch.LongTensor` of shape `(batch_size, T)`, *optional*): 0 at padding; defaults
                 to `input_ids != pad_token_id`.
+            pixel_values, image_features, image_feature_mask: the image inputs, as in [`forward`].
 
         Returns:
             `torch.FloatTensor` of shape `(batch_size, T - 1)`: `log p(input_ids[:, t + 1] | input_ids[:, :t + 1],
@@ -505,7 +552,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             attention_mask = (input_ids != self.config.pad_token_id).long()
         logits = self(
             input_ids=input_ids, pixel_values=pixel_values, image_features=image_features,
-            attention_mask=attention_mask, use_cache=False,
+            image_feature_mask=image_feature_mask, attention_mask=attention_mask, use_cache=False,
         ).logits[:, :-1]  # fmt: skip
         # in float32: half-precision log-softmax loses the small differences policy gradients weigh
         log_probs = F.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[:, 1:, None].to(logits.device))[..., 0]
@@ -516,12 +563,15 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor,
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.LongTensor | None = None,
         attention_mask: torch.LongTensor | None = None,
     ) -> ShowTellRLPrefixStates:
         """LSTM state after every prefix of given captions: where Monte-Carlo rollouts continue from (Liu et al. 2017).
 
         Args:
             input_ids (`torch.LongTensor` of shape `(batch_size, T)`): captions starting with `<bos>`.
+            pixel_values, image_features, image_feature_mask: the image inputs, one row per caption, as in
+                [`forward`].
             attention_mask (`torch.LongTensor` of shape `(batch_size, T)`, *optional*): the state is carried
                 unchanged through padding.
 
@@ -530,7 +580,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             `input_ids[:, : t + 1]`; `state_after(rows, t + 1)` gives it as a [`ShowTellRLState`] to continue from
             with [`step`].
         """
-        state = self.initial_state(pixel_values, image_features)
+        state = self.initial_state(pixel_values, image_features, image_feature_mask)
         step_mask = None if attention_mask is None else attention_mask.bool()
         _, prefix_states, _ = self._decode_stepwise(self.word_embeddings(input_ids), state, step_mask)
         return prefix_states

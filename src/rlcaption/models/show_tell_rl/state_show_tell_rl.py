@@ -26,6 +26,9 @@ class ShowTellRLState:
             projected feature grid each caption attends over (`config.image_attention`), one copy per caption row.
         attention_output (`torch.FloatTensor` of shape `(batch_size, hidden_size)`, *optional*): the last step's
             attentional output, fed back into the LSTM with the next word (`config.image_attention`).
+        image_grid_mask (`torch.BoolTensor` of shape `(batch_size, num_positions)`, *optional*): True at the grid's
+            real regions, False at padding, which attention skips (regions of precomputed features); None when every
+            position is real.
     """
 
     # `generate` asks these of any cache; a recurrent state has a fixed size and nothing to compile or crop
@@ -39,12 +42,14 @@ class ShowTellRLState:
         seq_length: int = 0,
         image_grid: torch.FloatTensor | None = None,
         attention_output: torch.FloatTensor | None = None,
+        image_grid_mask: torch.BoolTensor | None = None,
     ):
         self.hidden = hidden
         self.cell = cell
         self.seq_length = seq_length
         self.image_grid = image_grid
         self.attention_output = attention_output
+        self.image_grid_mask = image_grid_mask
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of word tokens read so far."""
@@ -58,6 +63,8 @@ class ShowTellRLState:
         if self.image_grid is not None:
             self.image_grid = self.image_grid.index_select(0, beam_idx.to(self.image_grid.device))
             self.attention_output = self.attention_output.index_select(0, beam_idx.to(self.attention_output.device))
+        if self.image_grid_mask is not None:
+            self.image_grid_mask = self.image_grid_mask.index_select(0, beam_idx.to(self.image_grid_mask.device))
 
     def select(self, rows: torch.Tensor) -> ShowTellRLState:
         """A new state holding the captions `rows` (a boolean mask or indices over the batch), in that order."""
@@ -70,6 +77,7 @@ class ShowTellRLState:
             self.seq_length,
             self.image_grid[rows.to(self.image_grid.device)],
             self.attention_output[rows.to(self.attention_output.device)],
+            None if self.image_grid_mask is None else self.image_grid_mask[rows.to(self.image_grid_mask.device)],
         )
 
     def repeat_interleave(self, repeats: int) -> ShowTellRLState:
@@ -90,12 +98,15 @@ class ShowTellRLPrefixStates:
             caption's projected feature grid (`config.image_attention`).
         attention_outputs (`torch.FloatTensor` of shape `(batch_size, T, hidden_size)`, *optional*): the attentional
             output after every prefix (`config.image_attention`).
+        image_grid_mask (`torch.BoolTensor` of shape `(batch_size, num_positions)`, *optional*): the grid's real
+            regions (see [`ShowTellRLState`]).
     """
 
     hidden: torch.FloatTensor
     cell: torch.FloatTensor
     image_grid: torch.FloatTensor | None = None
     attention_outputs: torch.FloatTensor | None = None
+    image_grid_mask: torch.BoolTensor | None = None
 
     def state_after(self, captions: torch.LongTensor, num_tokens: torch.LongTensor) -> ShowTellRLState:
         """The states of caption rows `captions` `(R,)` after their first `num_tokens` `(R,)` tokens, as one batch."""
@@ -107,4 +118,6 @@ class ShowTellRLPrefixStates:
         if self.image_grid is not None:
             state.image_grid = self.image_grid[captions]
             state.attention_output = self.attention_outputs[captions, position]
+        if self.image_grid_mask is not None:
+            state.image_grid_mask = self.image_grid_mask[captions]
         return state

@@ -72,7 +72,17 @@ _FROM_WARM_START = ["--model_name_or_path", str(WARM_START), "--num_samples_per_
 RECIPES = {
     "train_xe.py": ["--hidden_size", "16", "--scene_pretraining_steps", "2", *_SMALL_RUN],
     "train_scst.py": [*_FROM_WARM_START, *_SMALL_RUN],
-    "train_spider.py": [*_FROM_WARM_START, "--num_rollouts", "2", "--baseline_pretraining_steps", "1", *_SMALL_RUN],
+    # CIDEr-D: the recipe's default SPIDEr needs SPICE's CoreNLP jars, which a fresh machine lacks
+    "train_spider.py": [
+        *_FROM_WARM_START,
+        "--reward_funcs",
+        "cider",
+        "--num_rollouts",
+        "2",
+        "--baseline_pretraining_steps",
+        "1",
+        *_SMALL_RUN,
+    ],  # fmt: skip
     "train_sle.py": [*_FROM_WARM_START, "--eval_caption_set_size", "2", *_SMALL_RUN],
     "train_wtf.py": [
         *_FROM_WARM_START,
@@ -143,7 +153,7 @@ def run_recipe(script: str, precision: str, device: str, scratch: Path) -> dict[
     error = ""
     if result.returncode != 0:
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-        error = lines[-1] if lines else f"exit status {result.returncode}"
+        error = lines[-1][:160] if lines else f"exit status {result.returncode}"
     return {"recipe": script, "precision": precision, "ok": result.returncode == 0, "seconds": seconds, "error": error}
 
 

@@ -182,11 +182,17 @@ def test_actor_critic_recipe_trains_both_networks_and_scores_lookahead(tmp_path,
     assert f'from_pretrained("{output_dir}")' in card
 
 
-@pytest.mark.parametrize("config", ["one_process.yaml", "two_processes.yaml"])
-def test_the_shipped_accelerate_configs_launch_a_recipe_without_guessing(config, tmp_path):
+def test_the_shipped_accelerate_configs_launch_a_recipe_without_guessing(tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    configs = {name: load_config_from_file(str(EXAMPLES / "accelerate" / name)) for name in ("one_process.yaml",
+               "two_processes.yaml")}  # fmt: skip
+    assert {name: config.num_processes for name, config in configs.items()} == {
+        "one_process.yaml": 1, "two_processes.yaml": 2,
+    }  # fmt: skip
     result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(EXAMPLES / "accelerate" / config),
-         str(EXAMPLES / "train_xe.py"), "--help"],
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+         str(EXAMPLES / "accelerate" / "one_process.yaml"), str(EXAMPLES / "train_xe.py"), "--help"],
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]

@@ -101,6 +101,11 @@ TINY_RUN = [
 ]  # fmt: skip
 
 
+# Two processes of a recipe under the main suite once (PSST's, whose gloo shutdown once aborted); the other recipes'
+# two-process runs under `make test-slow`, which keeps `make test` within ten minutes on a 2-core machine.
+TWO_PROCESSES_SLOW = pytest.param(2, marks=pytest.mark.slow)
+
+
 def accelerate_launch(num_processes: int) -> list[str]:
     with socket.socket() as probe:  # a fresh port for each launch
         probe.bind(("127.0.0.1", 0))
@@ -111,7 +116,7 @@ def accelerate_launch(num_processes: int) -> list[str]:
             "--dynamo_backend", "no", "--main_process_port", str(port)]  # fmt: skip
 
 
-@pytest.mark.parametrize("num_processes", [1, 2])
+@pytest.mark.parametrize("num_processes", [1, TWO_PROCESSES_SLOW])
 def test_sle_recipe_scores_caption_sets_on_one_and_two_processes(tmp_path, num_processes):
     output_dir = tmp_path / "sle"
     run_recipe(
@@ -140,7 +145,7 @@ def test_psst_recipe_trains_a_speaker_listener_on_one_and_two_processes(tmp_path
     assert "Listener R@1 (caption to image)" in (output_dir / "README.md").read_text()
 
 
-@pytest.mark.parametrize("num_processes", [1, 2])
+@pytest.mark.parametrize("num_processes", [1, TWO_PROCESSES_SLOW])
 def test_wtf_recipe_runs_on_one_and_two_processes_and_reports_both_clips(tmp_path, num_processes):
     output_dir = tmp_path / "wtf"
     checkpoints = EXAMPLES.parent / "checkpoints"
@@ -160,7 +165,7 @@ def test_wtf_recipe_runs_on_one_and_two_processes_and_reports_both_clips(tmp_pat
     assert "1 discriminator_pretraining, 1 joint" in card  # the steps each phase took
 
 
-@pytest.mark.parametrize("num_processes", [1, 2])
+@pytest.mark.parametrize("num_processes", [1, TWO_PROCESSES_SLOW])
 def test_actor_critic_recipe_trains_both_networks_and_scores_lookahead(tmp_path, num_processes):
     embedding = VisualSemanticEmbedding.from_captioner(ShowTellRL.from_pretrained(WARM_START), joint_embedding_size=16)
     embedding.save_pretrained(tmp_path / "embedding")

@@ -211,6 +211,7 @@ def test_value_pretraining_keeps_the_policy_fixed_then_both_learn(processor, sha
         assert torch.equal(saved.value_network.state_dict()[name.removeprefix("value.")], tensor), name
 
 
+@pytest.mark.slow  # 30 steps
 def test_the_value_network_learns_to_predict_a_constant_reward(processor, shapes, tmp_path):
     def constant_reward(completions, **columns):
         return [0.7] * len(completions)

@@ -110,18 +110,29 @@ def test_single_split_and_plain_dataset(shapes, tiny_vit, tmp_path):
         extract_features(shapes, tiny_vit, tmp_path / "bad", split="dev")
 
 
+class ShardRecorder:
+    """Records the shards extraction computes, as `(split, first row)`, and stops the process in the middle of the
+    `crash_at_call`-th one (`None`: never)."""
+
+    def __init__(self, monkeypatch, crash_at_call: int | None):
+        self.original = features_module._extract_shard
+        self.calls: list[tuple[str, int]] = []
+        self.crash_at_call = crash_at_call
+        monkeypatch.setattr(features_module, "_extract_shard", self)
+
+    def __call__(self, dataset, start, stop, *args):
+        self.calls.append((dataset.split, start))
+        if len(self.calls) == self.crash_at_call:
+            raise SimulatedInterruption
+        return self.original(dataset, start, stop, *args)
+
+    def resume(self) -> None:
+        self.calls.clear()
+        self.crash_at_call = None
+
+
 def test_resume_after_interruption_computes_only_missing_shards(shapes, tiny_vit, tmp_path, monkeypatch):
-    original = features_module._extract_shard
-    calls = []
-    crash_at_call = [3]
-
-    def crash_on_third_shard(dataset, start, stop, *args):
-        calls.append((dataset.split, start))
-        if len(calls) == crash_at_call[0]:
-            raise SimulatedInterruption  # the process is stopped in the middle of the third shard
-        return original(dataset, start, stop, *args)
-
-    monkeypatch.setattr(features_module, "_extract_shard", crash_on_third_shard)
+    shards = ShardRecorder(monkeypatch, crash_at_call=3)  # stopped in the middle of the third shard
     output_dir = tmp_path / "resumed"
     with pytest.raises(SimulatedInterruption):
         extract_features(shapes, tiny_vit, output_dir, batch_size=2, shard_size=5)
@@ -131,23 +142,22 @@ def test_resume_after_interruption_computes_only_missing_shards(shapes, tiny_vit
     # a temporary file left by a killed process is never mistaken for a shard
     (output_dir / "shards" / "train" / ".shard-00002.npy.tmp-killed").write_bytes(b"partial")
 
-    calls.clear()
-    crash_at_call[0] = None
+    shards.resume()
     resumed = extract_features(shapes, tiny_vit, output_dir, batch_size=2, shard_size=5)
     # train has shards at rows 0, 5, 10; only the third is recomputed, plus validation and test
-    assert calls == [("train", 10), ("validation", 0), ("test", 0)]
+    assert shards.calls == [("train", 10), ("validation", 0), ("test", 0)]
 
-    monkeypatch.setattr(features_module, "_extract_shard", original)
+    monkeypatch.setattr(features_module, "_extract_shard", shards.original)
     uninterrupted = extract_features(shapes, tiny_vit, tmp_path / "straight", batch_size=2, shard_size=5)
     for split in uninterrupted:
         np.testing.assert_allclose(
             np.asarray(resumed[split]["image_features"]), np.asarray(uninterrupted[split]["image_features"]), atol=1e-6
         )
 
-    calls.clear()
-    monkeypatch.setattr(features_module, "_extract_shard", crash_on_third_shard)
+    shards.resume()
+    monkeypatch.setattr(features_module, "_extract_shard", shards)
     extract_features(shapes, tiny_vit, output_dir, batch_size=2, shard_size=5)
-    assert calls == []  # everything done: nothing is recomputed
+    assert shards.calls == []  # everything done: nothing is recomputed
 
 
 def test_rerun_with_other_settings_is_refused(shapes, tiny_vit, tmp_path):
@@ -205,27 +215,16 @@ def test_grid_features_keep_every_position(shapes, backbone, grid_shape, request
 
 
 def test_grid_extraction_resumes_after_interruption(shapes, tiny_resnet, tmp_path, monkeypatch):
-    original = features_module._extract_shard
-    calls = []
-    crash_at_call = [2]
-
-    def crash_on_second_shard(dataset, start, stop, *args):
-        calls.append((dataset.split, start))
-        if len(calls) == crash_at_call[0]:
-            raise SimulatedInterruption  # the process is stopped in the middle of the second shard
-        return original(dataset, start, stop, *args)
-
-    monkeypatch.setattr(features_module, "_extract_shard", crash_on_second_shard)
+    shards = ShardRecorder(monkeypatch, crash_at_call=2)  # stopped in the middle of the second shard
     output_dir = tmp_path / "resumed"
     with pytest.raises(SimulatedInterruption):
         extract_features(shapes, tiny_resnet, output_dir, split="train", shard_size=5, pooling="none")
     assert [path.name for path in (output_dir / "shards" / "train").iterdir()] == ["shard-00000.npy"]
     assert np.load(output_dir / "shards" / "train" / "shard-00000.npy").shape == (5, 16, 12)
 
-    calls.clear()
-    crash_at_call[0] = None
+    shards.resume()
     resumed = extract_features(shapes, tiny_resnet, output_dir, split="train", shard_size=5, pooling="none")
-    assert calls == [("train", 5), ("train", 10)]  # the finished shard is not recomputed
+    assert shards.calls == [("train", 5), ("train", 10)]  # the finished shard is not recomputed
     np.testing.assert_allclose(
         np.asarray(resumed["train"].with_format("numpy")["image_features"]),
         _reference_grids(shapes["train"], tiny_resnet),

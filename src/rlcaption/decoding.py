@@ -100,17 +100,16 @@ def evaluation_mode(model: nn.Module) -> Iterator[None]:
     was_training = model.training
     model.eval()
     recurrent = [module for module in model.modules() if isinstance(module, RECURRENT_MODULES)]
-    layer_dropouts = [getattr(module, "dropout", 0.0) for module in recurrent]  # cells have none
+    layer_dropouts = {module: module.dropout for module in recurrent if isinstance(module, nn.RNNBase)}  # cells: none
     for module in recurrent:
         module.train()
-        if isinstance(module, nn.RNNBase):
-            module.dropout = 0.0
+    for module in layer_dropouts:
+        module.dropout = 0.0
     try:
         yield
     finally:
-        for module, dropout in zip(recurrent, layer_dropouts, strict=True):
-            if isinstance(module, nn.RNNBase):
-                module.dropout = dropout
+        for module, dropout in layer_dropouts.items():
+            module.dropout = dropout
         model.train(was_training)
 
 

@@ -174,11 +174,12 @@ def check_pretraining_leaves_steps(training_args: RLCaptionConfig) -> None:
 
 def check_the_captioner_gets_steps(trainer: RLCaptionTrainer) -> None:
     """[`check_pretraining_leaves_steps`] for a budget in epochs, once the trainer knows its steps."""
-    steps = trainer.objective.steps_by_phase(trainer.planned_steps())
+    planned = trainer.planned_steps()
+    steps = trainer.objective.steps_by_phase(planned)
     last_phase = trainer.objective.phases()[-1].name
     if steps[last_phase] == 0:
         raise ValueError(
-            f"The run's {trainer.planned_steps()} optimizer steps all go to pretraining ({steps}): the captioner "
+            f"The run's {planned} optimizer steps all go to pretraining ({steps}): the captioner "
             "would not be trained. Train for more steps (--num_train_epochs, --max_steps) or shorten the pretraining."
         )
 

@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from conftest import IMAGE_SIZE
 from transformers import GenerationConfig, TrainerState
 
 from rlcaption.data import CaptionCollator
@@ -36,6 +35,7 @@ from rlcaption.rl_config import RLCaptionConfig
 from tiny_captioners import make_show_tell
 from tiny_clips import save_reward_clip
 
+IMAGE_SIZE = 48  # the shapes fixture's (conftest.py)
 MAX_LENGTH = 8
 
 

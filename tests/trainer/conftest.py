@@ -9,6 +9,15 @@ from tiny_clips import save_reward_clip
 IMAGE_SIZE = 48  # small, and divisible by the 16x reduction of the tiny CNN
 
 
+def two_process_shapes(cache_dir: str, num_validation: int = 4):
+    """The tiny shapes splits the two-process scripts train on, and a processor over their training captions."""
+    shapes = load_shapes(
+        num_train=16, num_validation=num_validation, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
+    )
+    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
+    return shapes, CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+
+
 @pytest.fixture(scope="session")
 def tiny_shapes(tmp_path_factory):
     return load_shapes(

@@ -4,10 +4,8 @@ import math
 import sys
 
 from accelerate import PartialState
-from conftest import IMAGE_SIZE, make_tiny_model
+from conftest import make_tiny_model, two_process_shapes
 
-from rlcaption.data import load_shapes
-from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 
@@ -17,11 +15,7 @@ def length_unless_on_process_1(completions, **columns):
 
 
 def main(output_dir: str, cache_dir: str) -> None:
-    shapes = load_shapes(
-        num_train=16, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
-    )
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    processor = CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+    shapes, processor = two_process_shapes(cache_dir)
     args = RLCaptionConfig(
         output_dir=output_dir, use_cpu=True, objective="scst", per_device_train_batch_size=2, max_steps=2,
         save_strategy="no", logging_steps=1, disable_tqdm=True, num_samples_per_image=2, max_caption_length=6,

@@ -5,11 +5,9 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import IMAGE_SIZE, make_tiny_model
+from conftest import make_tiny_model, two_process_shapes
 
-from rlcaption.data import load_shapes
 from rlcaption.objectives import XEObjective, register_objective
-from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 
@@ -29,11 +27,7 @@ class RankRecordingObjective(XEObjective):
 
 
 def main(output_dir: str, cache_dir: str) -> None:
-    shapes = load_shapes(
-        num_train=16, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
-    )
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    processor = CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+    shapes, processor = two_process_shapes(cache_dir)
     args = RLCaptionConfig(
         output_dir=output_dir, use_cpu=True, objective="test_rank_recording", per_device_train_batch_size=2,
         per_device_eval_batch_size=2, max_steps=2, save_strategy="no", logging_steps=1, disable_tqdm=True,

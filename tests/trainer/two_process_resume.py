@@ -11,12 +11,10 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import IMAGE_SIZE, make_tiny_model
+from conftest import make_tiny_model, two_process_shapes
 from critic_objective import GroupNovelty
 from transformers import TrainerCallback
 
-from rlcaption.data import load_shapes
-from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, last_complete_checkpoint
 
 MAX_STEPS = 4
@@ -36,11 +34,7 @@ def flat(tensors) -> list[float]:
 
 
 def main(output_dir: str, cache_dir: str, kill_at_step: int) -> None:
-    shapes = load_shapes(
-        num_train=16, num_validation=4, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
-    )
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    processor = CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+    shapes, processor = two_process_shapes(cache_dir)
     args = RLCaptionConfig(
         output_dir=output_dir, use_cpu=True, objective="test_critic", per_device_train_batch_size=2,
         max_steps=MAX_STEPS, learning_rate=1e-2, save_strategy="steps", save_steps=1, logging_steps=1,

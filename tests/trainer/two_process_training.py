@@ -5,19 +5,13 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import IMAGE_SIZE, make_tiny_model
+from conftest import make_tiny_model, two_process_shapes
 
-from rlcaption.data import load_shapes
-from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 
 def main(output_dir: str, cache_dir: str) -> None:
-    shapes = load_shapes(
-        num_train=16, num_validation=6, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
-    )
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    processor = CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
+    shapes, processor = two_process_shapes(cache_dir, num_validation=6)
     model = make_tiny_model(processor, seed=0)
     initial = torch.cat([parameter.detach().flatten() for parameter in model.parameters()]).clone()
     args = RLCaptionConfig(

@@ -108,8 +108,9 @@ class TrainerInterface(Protocol):
     ) -> np.ndarray:
         """The weighted reward of each caption for the image of its batch row, `(len(completions),)`."""
 
-    def record_metric(self, name: str, value: float) -> None:
-        """Adds a scalar to the next training log, averaged over the steps since the last and over processes."""
+    def record_metric(self, name: str, value: float | torch.Tensor) -> None:
+        """Adds a scalar (a float, or a one-element tensor read at the log) to the next training log, averaged over
+        the steps since the last and over processes."""
 
     def auxiliary_network(self, name: str) -> nn.Module:
         """The objective's auxiliary network `name`, wrapped for the run (DDP, mixed precision)."""

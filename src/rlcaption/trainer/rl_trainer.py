@@ -366,7 +366,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
     # ------------------------------------------------------------------ decoding
     def _generation_model(self) -> nn.Module:
-        return self.accelerator.unwrap_model(self.model)
+        return self.unwrap_model(self.model)
 
     def sample_captions(
         self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int

@@ -72,11 +72,16 @@ _FROM_WARM_START = ["--model_name_or_path", str(WARM_START), "--num_samples_per_
 RECIPES = {
     "train_xe.py": ["--hidden_size", "16", "--scene_pretraining_steps", "2", *_SMALL_RUN],
     "train_scst.py": [*_FROM_WARM_START, *_SMALL_RUN],
-    # CIDEr-D: the recipe's default SPIDEr needs SPICE's CoreNLP jars, which a fresh machine lacks
+    # CIDEr-D and no METEOR: the recipe's default SPIDEr and its METEOR score need Java and SPICE's CoreNLP jars,
+    # which a fresh GPU machine lacks
     "train_spider.py": [
         *_FROM_WARM_START,
         "--reward_funcs",
         "cider",
+        "--eval_metrics",
+        "cider",
+        "bleu",
+        "rouge_l",
         "--num_rollouts",
         "2",
         "--baseline_pretraining_steps",
@@ -290,6 +295,29 @@ def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes
     return rows
 
 
+def profile_step(trainer: RLCaptionTrainer) -> str:
+    """The operators of one optimizer step by their own host time, and how often the host waited for the device."""
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    device = trainer.args.device
+    for _ in range(2):
+        optimizer_step(trainer, batch)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    activities += [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []
+    synchronize(device)
+    with torch.profiler.profile(activities=activities) as profile:
+        optimizer_step(trainer, batch)
+        synchronize(device)
+    events = profile.key_averages()
+    waits = {
+        event.key: event.count
+        for event in events
+        if event.key in ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaMemcpyAsync")
+    }
+    launches = sum(event.count for event in events if event.key in ("cudaLaunchKernel", "cuLaunchKernel"))
+    header = f"host waits and copies: {waits}; kernel launches: {launches}\n\n"
+    return header + events.table(sort_by="self_cpu_time_total", row_limit=40)
+
+
 # ---------------------------------------------------------------- tables
 
 
@@ -348,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="Untimed steps first.")
     parser.add_argument("--repeats", type=int, default=10, help="Timed steps (median).")
     parser.add_argument("--skip-blip", action="store_true", help="No BLIP-base-size rows.")
+    parser.add_argument("--skip-budget", action="store_true", help="Recipes only (part 1).")
+    parser.add_argument("--profile", type=Path, help="Also profile one ShowTellRL SCST step into this text file.")
     parser.add_argument("--output", type=Path, default=Path("runs/benchmarks/gpu_check.json"))
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -360,7 +390,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="gpu_check_"))
 
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+    versions = (
+        f"torch {torch.__version__}, transformers {transformers.__version__}, CUDA {torch.version.cuda}, "
+        f"cuDNN {torch.backends.cudnn.version()}"
+    )
+    print(f"## GPU check on {name} ({versions})\n", flush=True)
+    results: dict[str, Any] = {"device": name, "versions": versions}
+
+    def report(part: str, value: Any, table: str) -> None:
+        # each part is printed and saved as soon as it is done, so that a run cut short keeps what it measured
+        results[part] = value
+        print(table + "\n", flush=True)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(results, indent=2))
+
     recipes = run_recipes(args.recipes, args.precisions, device.type, args.jobs, scratch)
+    if recipes:
+        report("recipes", recipes, recipe_table(recipes))
+    if args.skip_budget:
+        return 0 if all(run["ok"] for run in recipes) else 1
 
     shapes = load_shapes(num_train=1024, num_validation=8, num_test=8, image_size=48, cache_dir=scratch / "datasets")
     show_tell = lambda: (ShowTellRL.from_pretrained(WARM_START), CaptionProcessor.from_pretrained(WARM_START))  # noqa: E731
@@ -368,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         "ShowTellRL (XE warm start)", show_tell, ("xe", "scst", "spider_pg"), sizes["show_tell"], device, False,
         shapes, args.warmup, args.repeats, scratch,
     )  # fmt: skip
+    report("budget", budget, budget_table(budget))
     if not args.skip_blip:
         captions = [caption for row in shapes["train"]["captions"] for caption in row]
         image_size = 384 if sizes["blip_size"] == "base" else 16
@@ -376,26 +426,24 @@ def main(argv: list[str] | None = None) -> int:
             f"BLIP-{sizes['blip_size']}-size (random weights)", blip, ("xe", "scst"), sizes["blip"], device, True,
             shapes, args.warmup, args.repeats, scratch,
         )  # fmt: skip
+        report("budget", budget, budget_table(budget[-len(sizes["blip"]) :]))
     curve = step_budget(
         "ShowTellRL (XE warm start)", show_tell, ("scst",), sizes["curve"], device, False, shapes,
         args.warmup, args.repeats, scratch,
     )  # fmt: skip
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
-    versions = (
-        f"torch {torch.__version__}, transformers {transformers.__version__}, CUDA {torch.version.cuda}, "
-        f"cuDNN {torch.backends.cudnn.version()}"
-    )
-    print(f"\n## GPU check on {name} ({versions}), {time.perf_counter() - started:.0f} s\n")
-    if recipes:
-        print(recipe_table(recipes) + "\n")
-    print(budget_table(budget) + "\n")
-    print("ShowTellRL SCST throughput (5 samples per image):\n")
-    print(curve_table(curve) + "\n")
-    print(f"Targets: {json.dumps(TARGETS)}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    results = {"device": name, "versions": versions, "recipes": recipes, "budget": budget, "curve": curve}
-    args.output.write_text(json.dumps(results, indent=2))
+    report("curve", curve, "ShowTellRL SCST throughput (5 samples per image):\n\n" + curve_table(curve))
+    if args.profile:
+        profiled = [("ShowTellRL", show_tell, max(sizes["show_tell"]), False)]
+        profiled += [] if args.skip_blip else [("BLIP", blip, max(sizes["blip"]), True)]
+        sections = []
+        for model_name, build, batch_size, bf16 in profiled:
+            model, processor = build()
+            trainer = make_trainer("scst", model, processor, shapes["train"], batch_size, device, bf16, scratch)
+            sections.append(f"# {model_name} SCST step, {batch_size} images x 5\n\n{profile_step(trainer)}")
+        args.profile.parent.mkdir(parents=True, exist_ok=True)
+        args.profile.write_text("\n\n".join(sections))
+        print(f"Profiles of one SCST step: {args.profile}")
+    print(f"Targets: {json.dumps(TARGETS)}; {time.perf_counter() - started:.0f} s in all")
     return 0 if all(run["ok"] for run in recipes) else 1
 
 

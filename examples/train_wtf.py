@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from transformers import GenerationConfig
 
 from rlcaption.evaluation import caption_dataset, clip_scores
-from rlcaption.metrics import check_java
+from rlcaption.metrics import check_java, pycocoevalcap_dir
 from rlcaption.objectives import WTFConfig
 from rlcaption.recipes import (
     RecipeArguments,
@@ -93,8 +93,9 @@ def main(argv=None):
             f"train_wtf.py trains WTF-RL (its Table 1 variants by --wtf_variant); --objective "
             f"{training_args.objective} belongs to another recipe."
         )
-    try:  # METEOR where Java runs, as in the paper's table; the rest of the evaluation needs no Java
+    try:  # METEOR where Java runs it, as in the paper's table; the rest of the evaluation needs neither
         check_java()
+        pycocoevalcap_dir("meteor")
         training_args.eval_metrics = [*training_args.eval_metrics, "meteor"]
     except RuntimeError as missing_java:
         print(f"METEOR left out of the test scores: {missing_java}")

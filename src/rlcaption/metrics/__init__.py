@@ -22,7 +22,7 @@ from .evaluation import (
     load_metric,
     tokenize_captions,
 )
-from .java import check_java, find_java
+from .java import check_java, find_java, pycocoevalcap_dir
 from .meteor import MeteorScorer, compute_meteor
 from .retrieval import retrieval_recall
 from .rouge import compute_rouge_l
@@ -64,6 +64,7 @@ __all__ = [
     "mbleu",
     "normalize_caption",
     "parse_shapes_caption",
+    "pycocoevalcap_dir",
     "retrieval_recall",
     "scene_grounding",
     "self_bleu",

@@ -58,6 +58,36 @@ def test_image_index_encodes_each_image_once_with_the_same_result(show_tell, pro
     torch.testing.assert_close(shared, repeated)
 
 
+@pytest.mark.parametrize("kind", FOREIGN_CAPTIONERS)
+def test_foreign_captioners_encode_each_image_once_for_its_captions_with_the_same_logits_and_gradients(kind):
+    model, foreign_processor = make_foreign_captioner(kind, CAPTIONS, IMAGE_SIZE)
+    captioner = captioner_for(model)
+    input_ids = torch.randint(5, len(foreign_processor.tokenizer), (4, 6), generator=torch.Generator().manual_seed(0))
+    input_ids[:, 0] = captioner.tokens.start_token_id
+    attention_mask = torch.tensor([[1] * 6, [1] * 6, [1] * 4 + [0] * 2, [1] * 3 + [0] * 3])
+    pixel_values, image_index = images(2), torch.tensor([0, 0, 1, 1])
+    vision = {"vit_gpt2": "encoder", "vit_bert": "encoder", "blip": "vision_model", "git": "git.image_encoder"}[kind]
+    encoded_rows = []
+    model.get_submodule(vision).register_forward_hook(lambda module, args, kwargs, output: encoded_rows.append(
+        (args[0] if args else kwargs["pixel_values"]).shape[0]), with_kwargs=True)  # fmt: skip
+
+    def logits_and_gradients(image_inputs, index):
+        model.zero_grad()
+        logits = caption_logits(model, image_inputs, input_ids, attention_mask, index)
+        logits.square().mean().backward()
+        # (a pooler the captioner never reads gets no gradient either way)
+        parameters = model.get_submodule(vision).parameters()
+        return logits.detach(), [torch.zeros(()) if p.grad is None else p.grad.clone() for p in parameters]
+
+    shared, shared_gradients = logits_and_gradients({"pixel_values": pixel_values}, image_index)
+    repeated, repeated_gradients = logits_and_gradients({"pixel_values": pixel_values[image_index]}, None)
+    torch.testing.assert_close(shared, repeated)
+    for shared_gradient, repeated_gradient in zip(shared_gradients, repeated_gradients, strict=True):
+        torch.testing.assert_close(shared_gradient, repeated_gradient)
+    # GIT's image tokens pass through its transformer with each caption: there, the images are repeated
+    assert encoded_rows == ([4, 4] if kind == "git" else [2, 4])
+
+
 @pytest.mark.parametrize("model_kind", ["show_tell", "vision_encoder_decoder"])
 def test_log_probs_of_generated_captions_match_generation_scores(model_kind, show_tell, processor):
     model = show_tell if model_kind == "show_tell" else make_vision_encoder_decoder(processor, IMAGE_SIZE).eval()

@@ -26,8 +26,9 @@ naming the missing capability.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +40,9 @@ from transformers import (
     GitForCausalLM,
     VisionEncoderDecoderModel,
 )
+from transformers.modeling_outputs import BaseModelOutput
+
+from .models.recurrent_decoding import decode_recurrent, decodes_plainly
 
 __all__ = [
     "BlipCaptioner",
@@ -50,6 +54,7 @@ __all__ = [
     "SpeakerListenerCaptioner",
     "VisionEncoderDecoderCaptioner",
     "captioner_for",
+    "forward_through",
 ]
 
 
@@ -79,6 +84,39 @@ def _first_set(*candidates: Any) -> int | None:
         if value is not None:
             return int(value)
     return None
+
+
+def forward_through(wrapped: nn.Module, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """
+    Calls `method` of the network inside `wrapped` (a DDP or accelerate wrapper) through the wrapper's `forward`: a
+    method name, or a function whose first argument is the network (`forward_through(model, decode_with_word_passing,
+    ...)` calls `decode_with_word_passing(network, ...)`).
+
+    DDP synchronises the gradients of what runs inside its `forward` only; a method called on the unwrapped network
+    (differentiable decoding, a value estimate) would leave each process with its own gradients. Without a wrapper
+    (one process) this is the plain method call.
+    """
+    module = getattr(wrapped, "module", wrapped)
+    target = getattr(module, method) if isinstance(method, str) else functools.partial(method, module)
+    if module is wrapped:
+        return target(*args, **kwargs)
+    instance_forward = module.__dict__.get("forward")  # accelerate's mixed-precision forward, when there is one
+
+    def restore_forward() -> None:
+        if instance_forward is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.forward = instance_forward
+
+    def forward_once(*call_args: Any, **call_kwargs: Any) -> Any:
+        restore_forward()  # the method may call the module's own forward
+        return target(*call_args, **call_kwargs)
+
+    module.forward = forward_once
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        restore_forward()
 
 
 class Captioner:
@@ -197,9 +235,16 @@ class Captioner:
             `torch.FloatTensor` of shape `(N, T - 1, vocab_size)`.
         """
         image_inputs = self._image_inputs(image_inputs)
-        if image_index is not None:
-            image_inputs = {name: tensor.index_select(0, image_index) for name, tensor in image_inputs.items()}
-        return self._logits(model, image_inputs, input_ids, attention_mask)[:, :-1]  # (N, T-1, V)
+        if image_index is None:
+            return self._logits(model, image_inputs, input_ids, attention_mask)[:, :-1]  # (N, T-1, V)
+        if self.encodes_images_once:
+            # through the wrapper's forward, so that DDP synchronises the image encoder's gradients too
+            logits = forward_through(
+                model, self._logits_encoding_images_once, image_inputs, image_index, input_ids, attention_mask
+            )
+            return logits[:, :-1]
+        image_inputs = {name: tensor.index_select(0, image_index) for name, tensor in image_inputs.items()}
+        return self._logits(model, image_inputs, input_ids, attention_mask)[:, :-1]
 
     def _logits(
         self,
@@ -209,6 +254,22 @@ class Captioner:
         attention_mask: torch.Tensor | None,
     ) -> torch.FloatTensor:
         """Logits at every caption position, `(N, T, vocab_size)`."""
+        raise NotImplementedError
+
+    # Whether the family runs its image encoder once per image for several captions ([`_logits_encoding_images_once`]).
+    encodes_images_once: ClassVar[bool] = False
+
+    def _logits_encoding_images_once(
+        self,
+        network: nn.Module,
+        image_inputs: dict[str, torch.Tensor],
+        image_index: torch.LongTensor,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.FloatTensor:
+        """[`_logits`] of the unwrapped `network` with each image encoded once and its encoding repeated for each of
+        its captions (the row `image_index[n]` for caption n), instead of the image encoded once per caption: k times
+        less vision work and memory for k captions per image, the same logits."""
         raise NotImplementedError
 
     def _image_inputs(self, image_inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -232,6 +293,16 @@ class ShowTellRLCaptioner(Captioner):
     @classmethod
     def handles(cls, model: nn.Module) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) == "show_tell_rl"
+
+    @property
+    def recurrent_network(self) -> nn.Module:
+        """The ShowTellRL that decodes: the model itself here, the policy or the speaker of the models around one."""
+        return self.model
+
+    def _call_generate(self, image_inputs, config):
+        if decodes_plainly(config):  # what RL training decodes with: the same captions without generate's overhead
+            return decode_recurrent(self.recurrent_network, image_inputs, config)
+        return super()._call_generate(image_inputs, config)
 
     def caption_logits(self, model, image_inputs, input_ids, attention_mask=None, image_index=None):
         image_inputs = self._image_inputs(image_inputs)
@@ -261,6 +332,10 @@ class SpeakerListenerCaptioner(ShowTellRLCaptioner):
     def _caption_tokens(self) -> CaptionTokens:
         return ShowTellRLCaptioner(self.model.speaker).tokens  # the special tokens are the speaker's
 
+    @property
+    def recurrent_network(self) -> nn.Module:
+        return self.model.speaker
+
 
 class PolicyNetworkCaptioner(ShowTellRLCaptioner):
     """
@@ -279,6 +354,10 @@ class PolicyNetworkCaptioner(ShowTellRLCaptioner):
 
     def _caption_tokens(self) -> CaptionTokens:
         return ShowTellRLCaptioner(self.model.policy).tokens  # the special tokens are the policy's
+
+    @property
+    def recurrent_network(self) -> nn.Module:
+        return self.model.policy
 
 
 class VisionEncoderDecoderCaptioner(Captioner):
@@ -308,6 +387,16 @@ class VisionEncoderDecoderCaptioner(Captioner):
         return model(
             **image_inputs, decoder_input_ids=input_ids, decoder_attention_mask=attention_mask, use_cache=False
         ).logits
+
+    encodes_images_once = True
+
+    def _logits_encoding_images_once(self, network, image_inputs, image_index, input_ids, attention_mask):
+        encoded = network.encoder(**image_inputs).last_hidden_state
+        encoder_outputs = BaseModelOutput(last_hidden_state=encoded.index_select(0, image_index))
+        return network(
+            encoder_outputs=encoder_outputs, decoder_input_ids=input_ids, decoder_attention_mask=attention_mask,
+            use_cache=False,
+        ).logits  # fmt: skip
 
 
 class BlipCaptioner(Captioner):
@@ -339,6 +428,16 @@ class BlipCaptioner(Captioner):
     def _logits(self, model, image_inputs, input_ids, attention_mask):
         return model(**image_inputs, input_ids=input_ids, attention_mask=attention_mask).logits
 
+    encodes_images_once = True
+
+    def _logits_encoding_images_once(self, network, image_inputs, image_index, input_ids, attention_mask):
+        # BlipForConditionalGeneration.forward, with the vision model's output repeated for each caption
+        image_embeds = network.vision_model(**image_inputs).last_hidden_state
+        return network.text_decoder(
+            input_ids=input_ids, attention_mask=attention_mask,
+            encoder_hidden_states=image_embeds.index_select(0, image_index),
+        ).logits  # fmt: skip
+
 
 class GitCaptioner(Captioner):
     """
@@ -352,6 +451,7 @@ class GitCaptioner(Captioner):
     def handles(cls, model: nn.Module) -> bool:
         return isinstance(model, GitForCausalLM)
 
+    # its image tokens go through the same transformer as each caption's words: no encoding to share among captions
     def _logits(self, model, image_inputs, input_ids, attention_mask):
         logits = model(**image_inputs, input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         return logits[:, -input_ids.size(1) :]  # (N, T, V): the caption's positions, after the image's

@@ -17,8 +17,7 @@ whose forward cuDNN cannot differentiate.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationConfig
 
-from .captioners import captioner_for
+from .captioners import captioner_for, forward_through
 from .models.captions import caption_token_mask
 
 __all__ = [
@@ -111,39 +110,6 @@ def evaluation_mode(model: nn.Module) -> Iterator[None]:
         for module, dropout in layer_dropouts.items():
             module.dropout = dropout
         model.train(was_training)
-
-
-def forward_through(wrapped: nn.Module, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """
-    Calls `method` of the network inside `wrapped` (a DDP or accelerate wrapper) through the wrapper's `forward`: a
-    method name, or a function whose first argument is the network (`forward_through(model, decode_with_word_passing,
-    ...)` calls `decode_with_word_passing(network, ...)`).
-
-    DDP synchronises the gradients of what runs inside its `forward` only; a method called on the unwrapped network
-    (differentiable decoding, a value estimate) would leave each process with its own gradients. Without a wrapper
-    (one process) this is the plain method call.
-    """
-    module = getattr(wrapped, "module", wrapped)
-    target = getattr(module, method) if isinstance(method, str) else functools.partial(method, module)
-    if module is wrapped:
-        return target(*args, **kwargs)
-    instance_forward = module.__dict__.get("forward")  # accelerate's mixed-precision forward, when there is one
-
-    def restore_forward() -> None:
-        if instance_forward is None:
-            module.__dict__.pop("forward", None)
-        else:
-            module.forward = instance_forward
-
-    def forward_once(*call_args: Any, **call_kwargs: Any) -> Any:
-        restore_forward()  # the method may call the module's own forward
-        return target(*call_args, **call_kwargs)
-
-    module.forward = forward_once
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        restore_forward()
 
 
 @torch.no_grad()

@@ -183,25 +183,34 @@ def test_scst_scores_samples_under_the_distribution_that_sampled_them(
     model = make_tiny_model(tiny_processor, dropout=0.5)
     trainer = make_trainer(model, tiny_processor, tiny_shapes, tmp_path, objective="scst", baseline="mean_of_others")
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-    generated = []
-    generate = model.generate
+    # the logits each sampled token was drawn from (temperature 1, no top-k/top-p: the model's distribution), as the
+    # decoding loop reads them step by step
+    step_logits, samples = [], []
+    step, sample_captions = model.step, trainer.sample_captions
 
-    def generate_with_scores(*args, **kwargs):
-        output = generate(*args, **kwargs, output_scores=True, return_dict_in_generate=True)
-        generated.append(output)
-        return output
+    def recording_step(*args, **kwargs):
+        logits, top_hidden, state = step(*args, **kwargs)
+        step_logits.append(logits)
+        return logits, top_hidden, state
 
-    monkeypatch.setattr(model, "generate", generate_with_scores)
+    def recording_sample_captions(*args, **kwargs):
+        step_logits.clear()
+        samples.append(sample_captions(*args, **kwargs))
+        return samples[-1]
+
+    monkeypatch.setattr(model, "step", recording_step)
+    monkeypatch.setattr(trainer, "sample_captions", recording_sample_captions)
     loss_inputs = LossInputs(scst_module.policy_gradient_loss)
     monkeypatch.setattr(scst_module, "policy_gradient_loss", loss_inputs)
     model.train()  # as during training
     trainer.compute_loss(model, batch)
 
-    (samples,) = generated
+    (generated,) = samples
+    sequences = generated.sequences
     used, mask = loss_inputs.calls[0][:2]
-    # the scores generate sampled each token from (temperature 1, no top-k/top-p: the model's distribution)
-    sampling_log_probs = torch.log_softmax(torch.stack(samples.scores, dim=1).float(), dim=-1)
-    sampled = sampling_log_probs.gather(-1, samples.sequences[:, 1:, None]).squeeze(-1)
+    length = sequences.shape[1] - 1  # the loop may decode a few steps past the end of the last caption
+    sampling_log_probs = torch.log_softmax(torch.stack(step_logits[:length], dim=1).float(), dim=-1)
+    sampled = sampling_log_probs.gather(-1, sequences[:, 1:, None]).squeeze(-1)
     assert mask.sum() > 0
     torch.testing.assert_close(used.detach()[mask.bool()], sampled[mask.bool()], **TOLERANCE)
     assert model.training  # the training mode is restored after sampling and scoring

@@ -1,0 +1,127 @@
+"""The decoding loop of rlcaption's recurrent captioners against transformers' `generate()`, its reference: the same
+sequences for the same seed, token for token and of the same length, for every model and decoding setting RL uses."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from rlcaption import CaptionProcessor, PolicyValueCaptioner, ShowTellRL, SpeakerListener
+from rlcaption.captioners import Captioner, captioner_for
+from rlcaption.data import load_shapes
+from rlcaption.decoding import evaluation_mode
+from rlcaption.models.recurrent_decoding import decode_recurrent, decodes_plainly
+from rlcaption.models.show_tell_rl import ShowTellRLConfig
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+WARM_START = REPOSITORY / "checkpoints" / "show-tell-rl-shapes-xe"
+SETTINGS = {
+    "greedy": GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=20),
+    "pure sampling": GenerationConfig(
+        do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=5, max_new_tokens=20
+    ),
+    "temperature, top-k, top-p": GenerationConfig(
+        do_sample=True, num_beams=1, temperature=0.7, top_k=10, top_p=0.9, num_return_sequences=3, max_new_tokens=20
+    ),
+    "short budget": GenerationConfig(
+        do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=2, max_new_tokens=3
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def warm_start_inputs(tmp_path_factory):
+    processor = CaptionProcessor.from_pretrained(WARM_START)
+    images = load_shapes(
+        num_train=4, num_validation=4, num_test=12, image_size=48, cache_dir=tmp_path_factory.mktemp("shapes")
+    )["test"]["image"]
+    return processor(images=images, return_tensors="pt")
+
+
+def generate_both_ways(model, image_inputs, config, seed=0):
+    """(the loop's sequences, generate()'s sequences), each drawn from the same seed, through the model's Captioner."""
+    captioner = captioner_for(model)
+    results = []
+    for call in (
+        captioner._call_generate,
+        lambda inputs, settings: Captioner._call_generate(captioner, inputs, settings),
+    ):
+        torch.manual_seed(seed)
+        with evaluation_mode(model):
+            captioner._call_generate = call
+            results.append(captioner.generate(image_inputs, config))
+    return results
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=list(SETTINGS))
+def test_the_published_warm_start_decodes_as_generate_does(setting, warm_start_inputs):
+    model = ShowTellRL.from_pretrained(WARM_START)
+    fast, reference = generate_both_ways(model, {"pixel_values": warm_start_inputs["pixel_values"]}, SETTINGS[setting])
+    assert fast.shape == reference.shape
+    assert torch.equal(fast, reference)
+    ended = (reference == model.config.eos_token_id).any(dim=1)
+    if setting != "short budget":  # a trained captioner ends its captions: the returned length is the longest one's
+        assert ended.all() and reference.shape[1] <= 21
+        assert (reference[:, -1] == model.config.eos_token_id).any()
+    else:
+        assert reference.shape[1] == 4
+
+
+def regions_show_tell(image_attention: bool) -> ShowTellRL:
+    torch.manual_seed(0)
+    return ShowTellRL(
+        ShowTellRLConfig(
+            vocab_size=30,
+            hidden_size=16,
+            word_embedding_size=8,
+            max_caption_length=8,
+            encoder_type="features",
+            image_feature_size=6,
+            image_feature_layout="grid",
+            image_attention=image_attention,
+        )  # fmt: skip
+    )
+
+
+@pytest.mark.parametrize("image_attention", [False, True], ids=["mean", "attention"])
+@pytest.mark.parametrize("wrapper", ["show_tell", "policy_value", "speaker_listener"])
+@pytest.mark.parametrize("setting", ["greedy", "temperature, top-k, top-p"])
+def test_every_recurrent_captioner_decodes_regions_as_generate_does(wrapper, image_attention, setting):
+    show_tell = regions_show_tell(image_attention)
+    model = {
+        "show_tell": lambda: show_tell,
+        "policy_value": lambda: PolicyValueCaptioner.from_policy(
+            show_tell, value_word_embedding_size=4, value_hidden_size=4, value_mlp_hidden_size=4
+        ),
+        "speaker_listener": lambda: SpeakerListener.from_speaker(
+            show_tell, listener_hidden_size=4, joint_embedding_size=4
+        ),
+    }[wrapper]()
+    features = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(1))
+    image_inputs = {"image_features": features}
+    if wrapper == "show_tell":  # the wrappers' other networks read pooled features only
+        image_inputs["image_feature_mask"] = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    fast, reference = generate_both_ways(model, image_inputs, SETTINGS[setting])
+    assert torch.equal(fast, reference)
+
+
+def test_only_plain_decoding_takes_the_loop():
+    assert all(decodes_plainly(config) for config in SETTINGS.values())
+    assert not decodes_plainly(GenerationConfig(do_sample=False, num_beams=3, max_new_tokens=20))
+    assert not decodes_plainly(GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=20, repetition_penalty=2))
+    assert not decodes_plainly(GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=20, min_new_tokens=3))
+    assert not decodes_plainly(GenerationConfig(do_sample=False, num_beams=1, max_length=20))
+    # generate() fills unset sampling settings from its own defaults (top_k=50): not the loop's to guess
+    assert not decodes_plainly(GenerationConfig(do_sample=True, num_beams=1, max_new_tokens=20))
+    with pytest.raises(ValueError, match="greedily or samples"):
+        decode_recurrent(regions_show_tell(False), {}, GenerationConfig(num_beams=2, max_new_tokens=3))
+
+
+def test_beam_search_still_goes_through_generate(warm_start_inputs):
+    model = ShowTellRL.from_pretrained(WARM_START).eval()
+    captioner = captioner_for(model)
+    config = GenerationConfig(do_sample=False, num_beams=3, max_new_tokens=20)
+    pixels = warm_start_inputs["pixel_values"][:4]
+    expected = model.generate(pixel_values=pixels, generation_config=captioner.complete_generation_config(config))
+    assert torch.equal(captioner.generate({"pixel_values": pixels}, config), expected)

@@ -191,10 +191,14 @@ def test_the_shipped_accelerate_configs_launch_a_recipe_without_guessing(tmp_pat
     from accelerate.commands.config.config_args import load_config_from_file
 
     configs = {name: load_config_from_file(str(EXAMPLES / "accelerate" / name)) for name in ("one_process.yaml",
-               "two_processes.yaml")}  # fmt: skip
+               "two_processes.yaml", "fsdp.yaml")}  # fmt: skip
     assert {name: config.num_processes for name, config in configs.items()} == {
-        "one_process.yaml": 1, "two_processes.yaml": 2,
+        "one_process.yaml": 1, "two_processes.yaml": 2, "fsdp.yaml": 2,
     }  # fmt: skip
+    # the one kind of FSDP the trainer accepts: FSDP2, fully sharded
+    assert configs["fsdp.yaml"].distributed_type == "FSDP"
+    assert configs["fsdp.yaml"].fsdp_config["fsdp_version"] == 2
+    assert configs["fsdp.yaml"].fsdp_config["fsdp_reshard_after_forward"] is True
     result = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
          str(EXAMPLES / "accelerate" / "one_process.yaml"), str(EXAMPLES / "train_xe.py"), "--help"],

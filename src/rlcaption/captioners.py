@@ -86,6 +86,15 @@ def _first_set(*candidates: Any) -> int | None:
     return None
 
 
+def _is_fully_sharded(module: nn.Module) -> bool:
+    """Whether `module` was sharded by FSDP2's `fully_shard` (torch builds without distributed support have none)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
 def forward_through(wrapped: nn.Module, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """
     Calls `method` of the network inside `wrapped` (a DDP or accelerate wrapper) through the wrapper's `forward`: a
@@ -93,12 +102,13 @@ def forward_through(wrapped: nn.Module, method: str | Callable[..., Any], *args:
     ...)` calls `decode_with_word_passing(network, ...)`).
 
     DDP synchronises the gradients of what runs inside its `forward` only; a method called on the unwrapped network
-    (differentiable decoding, a value estimate) would leave each process with its own gradients. Without a wrapper
-    (one process) this is the plain method call.
+    (differentiable decoding, a value estimate) would leave each process with its own gradients. FSDP2 (`fully_shard`)
+    turns the network into its own wrapper: its parameters are gathered for its `forward` alone, and the gradients
+    of that forward are reduced to the shards. Without a wrapper (one process) this is the plain method call.
     """
     module = getattr(wrapped, "module", wrapped)
     target = getattr(module, method) if isinstance(method, str) else functools.partial(method, module)
-    if module is wrapped:
+    if module is wrapped and not _is_fully_sharded(wrapped):
         return target(*args, **kwargs)
     instance_forward = module.__dict__.get("forward")  # accelerate's mixed-precision forward, when there is one
 

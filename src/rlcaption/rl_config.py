@@ -224,13 +224,18 @@ class RLCaptionConfig(TrainingArguments):
 
     def __post_init__(self):
         # before the parent, which would import deepspeed or set FSDP up first
-        for name, value in (("fsdp", self.fsdp), ("deepspeed", self.deepspeed)):
-            if value:
-                raise ValueError(
-                    f"{name}={value!r} is not supported by RLCaptionTrainer: objectives decode with the whole model "
-                    "and train auxiliary networks in the same optimizer, both only on replicated weights. Use DDP "
-                    "(`accelerate launch --multi_gpu`); the library's captioners fit on one device."
-                )
+        if self.deepspeed:
+            raise ValueError(
+                f"deepspeed={self.deepspeed!r} is not supported by RLCaptionTrainer: objectives decode with the whole "
+                "model and train auxiliary networks in the same optimizer. Use DDP (`accelerate launch --multi_gpu`), "
+                "or FSDP2 (`accelerate launch --config_file examples/accelerate/fsdp.yaml`)."
+            )
+        if self.fsdp:
+            raise ValueError(
+                f"fsdp={self.fsdp!r} is not supported by RLCaptionTrainer: the Trainer's own FSDP setup is FSDP1, "
+                "whose flat parameters generate() cannot run on. Shard with accelerate's FSDP2 instead (`accelerate "
+                "launch --config_file examples/accelerate/fsdp.yaml`), or use DDP (`accelerate launch --multi_gpu`)."
+            )
         super().__post_init__()
         config_class = _OBJECTIVE_CONFIGS.get(self.objective)
         if config_class is None:

@@ -64,12 +64,12 @@ def test_set_diversity_metrics_need_several_beams(tmp_path, name):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"fsdp": "full_shard"}, r"fsdp='full_shard'.*not supported.*DDP"),
-        ({"fsdp": True}, r"fsdp=True.*not supported.*DDP"),
+        ({"fsdp": "full_shard"}, r"fsdp='full_shard'.*not supported.*FSDP1.*examples/accelerate/fsdp.yaml"),
+        ({"fsdp": True}, r"fsdp=True.*not supported.*FSDP1.*examples/accelerate/fsdp.yaml"),
         ({"deepspeed": {"zero_optimization": {"stage": 3}}}, r"deepspeed=.*not supported.*DDP"),
     ],
 )
-def test_sharded_training_is_refused_naming_the_setting(tmp_path, overrides, message):
+def test_the_trainer_arguments_own_sharding_is_refused_naming_the_setting(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         make_config(tmp_path, **overrides)
 

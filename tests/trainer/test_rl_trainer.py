@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from rlcaption.data import CaptionCollator
 from rlcaption.rewards import get_reward
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, forward_through
-from rlcaption.trainer.rl_trainer import check_data_parallel
+from rlcaption.trainer.rl_trainer import check_data_parallel, check_fsdp_objective
 from tiny_captioners import make_vision_encoder_decoder
 
 
@@ -407,14 +407,37 @@ def test_sampled_captions_are_logged_as_a_wandb_table(tiny_model, tiny_processor
 @pytest.mark.parametrize(
     ("plugins", "message"),
     [
-        ({"deepspeed_plugin": object(), "fsdp_plugin": None}, "DeepSpeed"),
-        ({"deepspeed_plugin": None, "fsdp_plugin": object()}, "FSDP"),
+        ({"deepspeed_plugin": object(), "fsdp_plugin": None}, r"DeepSpeed.*not supported.*fsdp.yaml"),
+        (
+            {"deepspeed_plugin": None, "fsdp_plugin": SimpleNamespace(fsdp_version=1)},
+            r"FSDP version 1.*fsdp_version: 2",
+        ),
     ],
 )
-def test_sharded_models_set_up_by_the_accelerate_launcher_are_refused(plugins, message):
-    with pytest.raises(ValueError, match=rf"{message}.*not supported.*DDP"):
+def test_deepspeed_and_fsdp1_set_up_by_the_accelerate_launcher_are_refused(plugins, message):
+    with pytest.raises(ValueError, match=message):
         check_data_parallel(SimpleNamespace(**plugins))
+
+
+def test_ddp_and_fsdp2_pass_the_data_parallel_check(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     check_data_parallel(SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))
+    check_data_parallel(SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=SimpleNamespace(fsdp_version=2)))
+
+
+def test_fsdp_asked_of_cpu_processes_is_refused_instead_of_replicating(monkeypatch):
+    # accelerate leaves CPU processes without an FSDP plugin even under `accelerate launch --use_fsdp`
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ValueError, match=r"--use_fsdp.*does not shard CPU processes"):
+        check_data_parallel(SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))
+
+
+def test_objectives_with_auxiliary_networks_are_refused_under_fsdp_naming_them():
+    fsdp = SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=2))
+    with pytest.raises(ValueError, match=r"'actor_critic' objective trains the auxiliary networks \['value'\].*DDP"):
+        check_fsdp_objective(fsdp, "actor_critic", ["value"])
+    check_fsdp_objective(fsdp, "scst", [])
+    check_fsdp_objective(SimpleNamespace(fsdp_plugin=None), "actor_critic", ["value"])
 
 
 def test_rouge_l_is_one_name_for_the_reward_and_the_metric(tiny_model, tiny_processor, tiny_shapes, tmp_path):

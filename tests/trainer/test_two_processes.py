@@ -1,34 +1,9 @@
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from accelerate_launch import launch_on_two_processes
 
 from rlcaption.trainer import last_complete_checkpoint
-
-HERE = Path(__file__).parent
-
-
-def launch_on_two_processes(script: str, *arguments: str) -> subprocess.CompletedProcess:
-    accelerate = Path(sys.executable).with_name("accelerate")
-    with socket.socket() as probe:  # a fresh port: a killed run's port may still be held
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [
-        str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-        str(HERE / script), *arguments,
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{HERE}{os.pathsep}{HERE.parent}",
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_scst_runs_in_two_cpu_processes_with_synchronised_weights(tmp_path):

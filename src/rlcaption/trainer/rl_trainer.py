@@ -32,6 +32,7 @@ __all__ = [
     "AUXILIARY_NETWORKS_NAME",
     "RLCaptionTrainer",
     "check_data_parallel",
+    "check_fsdp_objective",
     "last_complete_checkpoint",
 ]
 
@@ -73,19 +74,48 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
 
 def check_data_parallel(accelerator_state: Any) -> None:
     """
-    Refuses DeepSpeed and FSDP however they were set up, `accelerate launch --use_deepspeed` or `--use_fsdp` included
-    (`RLCaptionConfig` refuses its own `deepspeed` and `fsdp` fields): objectives call `generate()` and the recurrent
-    decoding methods of the whole model, and train auxiliary networks in the one optimizer next to it, which needs
-    every process to hold all the weights, as DDP does.
+    Refuses the ways of sharding a run that objectives cannot train under, however they were set up (`accelerate
+    launch --use_deepspeed` or `--use_fsdp` included; `RLCaptionConfig` refuses its own `deepspeed` and `fsdp` fields):
+    DeepSpeed, FSDP1, and `--use_fsdp` on CPU processes. DDP and accelerate's FSDP2 (`fsdp_version: 2`, full sharding)
+    pass.
     """
-    for plugin, name in (("deepspeed_plugin", "DeepSpeed"), ("fsdp_plugin", "FSDP")):
-        if getattr(accelerator_state, plugin, None) is not None:
-            raise ValueError(
-                f"{name} is not supported by RLCaptionTrainer: objectives decode with the whole model and train "
-                "auxiliary networks in the same optimizer, both only on replicated weights. Use DDP (`accelerate "
-                "launch --multi_gpu`, without a DeepSpeed or FSDP accelerate config); the library's captioners fit "
-                "on one device."
-            )
+    if getattr(accelerator_state, "deepspeed_plugin", None) is not None:
+        raise ValueError(
+            "DeepSpeed is not supported by RLCaptionTrainer: objectives decode with the whole model and train "
+            "auxiliary networks in the same optimizer. Use DDP (`accelerate launch --multi_gpu`), or FSDP2 for a "
+            "captioner that does not fit one device (`accelerate launch --config_file examples/accelerate/fsdp.yaml`)."
+        )
+    fsdp_plugin = getattr(accelerator_state, "fsdp_plugin", None)
+    if fsdp_plugin is not None and getattr(fsdp_plugin, "fsdp_version", 1) != 2:
+        raise ValueError(
+            f"FSDP version {fsdp_plugin.fsdp_version} is not supported by RLCaptionTrainer: generate() runs on the "
+            "sharded captioner through FSDP2's hooks (`fully_shard`), which FSDP1's flat parameters do not have. Set "
+            "`fsdp_version: 2` in the accelerate config (`--fsdp_version 2`), as examples/accelerate/fsdp.yaml does."
+        )
+    if fsdp_plugin is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        # accelerate applies its FSDP plugin to accelerator devices only: CPU processes would train replicated
+        raise ValueError(
+            "`accelerate launch --use_fsdp` was given, but accelerate does not shard CPU processes (it runs them as "
+            "DDP replicas). Train on GPUs without --use_cpu, or launch CPU processes with --multi_gpu (DDP)."
+        )
+
+
+def check_fsdp_objective(accelerator_state: Any, objective: str, auxiliary_networks: Sequence[str]) -> None:
+    """
+    Refuses FSDP for an objective that trains auxiliary networks: accelerate's FSDP2 prepares one model together with
+    the optimizer and swaps every parameter of that optimizer for a shard of that model, so the auxiliary networks'
+    parameter groups have nothing to map to; its `prepare_model` refuses to shard a second model alone; and FSDP
+    checkpoints write the optimizer state by the model's parameter names, which the auxiliary networks are not.
+    """
+    if getattr(accelerator_state, "fsdp_plugin", None) is None or not auxiliary_networks:
+        return
+    raise ValueError(
+        f"The {objective!r} objective trains the auxiliary networks {sorted(auxiliary_networks)} in the captioner's "
+        "optimizer, which accelerate's FSDP2 cannot shard: it prepares one model with its optimizer and maps every "
+        "parameter of that optimizer to a shard of that model, and FSDP checkpoints name optimizer states by the "
+        "model's parameters. Train this objective with DDP (`accelerate launch --multi_gpu`); under FSDP, train "
+        "objectives without auxiliary networks (xe, scst, sle)."
+    )
 
 
 class _ResetAuxiliaryGradients(TrainerCallback):
@@ -192,6 +222,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             self.reward_mix = self._build_reward_mix(reward_funcs, train_dataset)
         self.objective = objective_class(self)
         self._auxiliary_networks = self._checked_auxiliary_networks(self.objective.auxiliary_networks())
+        check_fsdp_objective(self.accelerator.state, args.objective, list(self._auxiliary_networks))
         self._wrapped_auxiliary_networks: dict[str, nn.Module] = {}
         if self._auxiliary_networks:
             self.add_callback(_ResetAuxiliaryGradients(self._auxiliary_networks))
@@ -530,6 +561,14 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
                 wandb.log({"completions": table})
 
     # ------------------------------------------------------------------ checkpoints
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        # With FSDP's sharded state dict the Trainer writes the weights of a checkpoint only as shards, to resume
+        # from, and the final model not at all; the captioner is written whole as well (gathered on every process,
+        # written by the main one), so that every saved folder loads with `from_pretrained` and is evaluated alike.
+        if self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+        super().save_model(output_dir, _internal_call)
+
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         # Training checkpoints only (a final `save_model` writes the captioner alone), with the optimizer state that
         # covers them, and before the trainer state that marks a checkpoint complete. This runs on every process;

@@ -10,10 +10,19 @@ trains the shipped `checkpoints/visual-semantic-embedding-shapes` with the defau
 
 The embedding takes the processor of the captioner it will reward (`--captioner_name_or_path`, the published XE
 captioner by default): the same vocabulary, so that the reward reads every word the captioner writes, and the same
-image size. By default (`--image_encoder captioner`) its image side is a linear map `l_e` of that captioner's fixed,
-pretrained CNN features, as Ren et al.'s maps fixed VGG-16 features; `--image_encoder new --cnn_channels ...` trains a
-CNN of its own instead. Words → GRU → linear embeds a caption (`--word_embedding_size`, `--hidden_size`,
-`--joint_embedding_size`).
+image size. By default (`--image_encoder captioner`) its image side is a linear map `l_e` of that captioner's image
+encoder: its fixed, pretrained CNN (as Ren et al.'s maps fixed VGG-16 features), a copy of its vision backbone, or the
+precomputed features it reads. `--image_encoder new` builds one of its own: a CNN (`--cnn_channels ...`), a pretrained
+`transformers` vision model (`--vision_model <hub id or folder>`, fixed unless `--train_vision_model`), or precomputed
+features (`--image_features <folder>`). Words → GRU → linear embeds a caption (`--word_embedding_size`,
+`--hidden_size`, `--joint_embedding_size`).
+
+On precomputed features, `--image_features` names the folder of a dataset with an `image_features` column (the output
+folder of `rlcaption extract-features`, or a dataset of region features saved with `save_to_disk`), which replaces
+`--dataset`: one pooled vector per image, or a grid or regions per image (their count may vary), read as their mean:
+
+    python examples/train_embedding.py --output_dir runs/embedding-coco --captioner_name_or_path runs/xe-coco \
+        --image_encoder new --image_features features/coco-bottom-up
 
 Training (`rlcaption.rewards.embedding.train_embedding_model`) minimises the bidirectional hinge ranking loss of margin
 `--margin` with Adam for `--num_steps` steps of `--batch_size` training images. The test split is then scored by
@@ -31,11 +40,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import datasets
+import numpy as np
 import torch
 from huggingface_hub import ModelCard, ModelCardData, create_repo
 from transformers import AutoModelForImageTextToText, AutoProcessor, HfArgumentParser
 
 from rlcaption.clip_model_card import retrieval_eval_results
+from rlcaption.data.collator import pad_regions
 from rlcaption.hub import HUB_CONNECTION_ERRORS, MODEL_CARD_TEMPLATE, parameter_count, publish_folder
 from rlcaption.metrics.clip import embed_images, embed_texts
 from rlcaption.metrics.retrieval import retrieval_recall
@@ -65,12 +77,33 @@ class ScriptArguments(RecipeArguments):
     image_encoder: str = field(
         default="captioner",
         metadata={
-            "help": "`captioner`: a copy of the captioner's fixed pretrained CNN (Ren et al.'s l_e maps fixed "
-            "features); `new`: a CNN of --cnn_channels trained with the embedding."
+            "help": "`captioner`: a copy of the captioner's image encoder (its fixed pretrained CNN, as Ren et al.'s "
+            "l_e maps fixed features; its vision backbone; or its precomputed features, with --image_features); "
+            "`new`: a CNN of --cnn_channels trained with the embedding, or --vision_model, or --image_features."
         },
     )
     cnn_channels: list[int] | None = field(
         default=None, metadata={"help": "CNN blocks of a `new` image encoder (default: 32 64 64 64)."}
+    )
+    vision_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "A `new` image encoder that is this pretrained transformers vision model (hub id or local "
+            "folder: ViT, ResNet, CLIP vision, ...), pooled; it reads the captioner processor's images, so take a "
+            "captioner made for it."
+        },
+    )
+    train_vision_model: bool = field(
+        default=False, metadata={"help": "Fine-tune --vision_model with the embedding instead of keeping it fixed."}
+    )
+    image_features: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train and evaluate on precomputed features: the folder of a dataset with an `image_features` "
+            "column (an `rlcaption extract-features` output folder, or region features saved with save_to_disk), "
+            "which replaces --dataset. Pooled vectors, or grids and regions (any count per image), read by their "
+            "mean."
+        },
     )
     word_embedding_size: int = field(default=128, metadata={"help": "Width of the embedding's word vectors."})
     hidden_size: int = field(default=256, metadata={"help": "State size of the caption GRU."})
@@ -88,6 +121,21 @@ class ScriptArguments(RecipeArguments):
                 f"--cnn_channels shapes a new CNN, but --image_encoder {self.image_encoder} copies the captioner's; "
                 "pass --image_encoder new too, or drop --cnn_channels."
             )
+        if self.vision_model is not None and self.image_encoder != "new":
+            raise ValueError(
+                f"--vision_model is a new image encoder, but --image_encoder {self.image_encoder} copies the "
+                "captioner's; pass --image_encoder new too, or drop --vision_model."
+            )
+        new_encoders = {
+            "--cnn_channels": self.cnn_channels,
+            "--vision_model": self.vision_model,
+            "--image_features": self.image_features if self.image_encoder == "new" else None,
+        }
+        chosen = [option for option, value in new_encoders.items() if value is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"{' and '.join(chosen)} each choose the new image encoder: pass one of them.")
+        if self.train_vision_model and self.vision_model is None:
+            raise ValueError("--train_vision_model fine-tunes --vision_model: pass --vision_model too.")
 
 
 @dataclass
@@ -169,19 +217,85 @@ def new_embedding(script_args: ScriptArguments) -> tuple[VisualSemanticEmbedding
         tokenizer = processor.tokenizer
         config = VisualSemanticEmbeddingConfig(
             vocab_size=len(tokenizer), image_size=processor.image_processor.size["height"],
-            cnn_channels=script_args.cnn_channels or DEFAULT_CNN_CHANNELS, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes,
+            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id, **new_image_encoder_fields(script_args), **sizes,
         )  # fmt: skip
         return VisualSemanticEmbedding(config), processor
     captioner = AutoModelForImageTextToText.from_pretrained(name, local_files_only=local_files_only)
     config = captioner.config
-    if not (isinstance(captioner, ShowTellRL) and config.encoder_type == "cnn" and config.freeze_image_encoder):
+    encoder_type = getattr(config, "encoder_type", None)
+    copies = isinstance(captioner, ShowTellRL) and (
+        encoder_type in ("backbone", "features") or (encoder_type == "cnn" and config.freeze_image_encoder)
+    )
+    if not copies:
         raise ValueError(
-            f"--image_encoder captioner copies a ShowTellRL's fixed (pretrained) CNN, but {name} is a "
-            f"{type(captioner).__name__} (encoder_type={getattr(config, 'encoder_type', None)!r}, "
+            f"--image_encoder captioner copies a ShowTellRL's fixed (pretrained) CNN, vision backbone or precomputed "
+            f"features, but {name} is a {type(captioner).__name__} (encoder_type={encoder_type!r}, "
             f"freeze_image_encoder={getattr(config, 'freeze_image_encoder', None)!r}). Pass --image_encoder new."
         )
+    if (encoder_type == "features") != (script_args.image_features is not None):
+        reads = "precomputed features" if encoder_type == "features" else "images"
+        remedy = (
+            "pass the features with --image_features."
+            if encoder_type == "features"
+            else "drop --image_features, or pass --image_encoder new to read them."
+        )
+        raise ValueError(
+            f"--captioner_name_or_path {name} reads {reads} (encoder_type={encoder_type!r}), and so does a copy of "
+            f"its image encoder: {remedy}"
+        )
     return VisualSemanticEmbedding.from_captioner(captioner, **sizes), processor
+
+
+def new_image_encoder_fields(script_args: ScriptArguments) -> dict:
+    """The config fields of a `new` image encoder: precomputed features (their width and layout read from the data),
+    a pretrained vision model, or a CNN."""
+    if script_args.image_features is not None:
+        first_row = np.asarray(load_features_dataset(script_args.image_features)["train"][0]["image_features"])
+        layout = "pooled" if first_row.ndim == 1 else "grid"
+        return {"encoder_type": "features", "image_feature_size": first_row.shape[-1], "image_feature_layout": layout}
+    if script_args.vision_model is not None:
+        check_pretrained_reference(script_args.vision_model, option="--vision_model")
+        return {
+            "encoder_type": "backbone",
+            "backbone": script_args.vision_model,
+            "freeze_backbone": not script_args.train_vision_model,
+        }
+    return {"encoder_type": "cnn", "cnn_channels": script_args.cnn_channels or DEFAULT_CNN_CHANNELS}
+
+
+def load_features_dataset(folder: str) -> datasets.DatasetDict:
+    """The dataset with an `image_features` column in `folder`, or in its `dataset/` (where `rlcaption
+    extract-features` writes it)."""
+    extracted = os.path.join(folder, "dataset")
+    dataset = datasets.load_from_disk(extracted if os.path.isdir(extracted) else folder)
+    if "train" not in dataset or "image_features" not in dataset["train"].column_names:
+        raise ValueError(
+            f"--image_features {folder}: expected a dataset with a `train` split and an `image_features` column, got "
+            f"splits {sorted(dataset)}"
+            + (f" with train columns {dataset['train'].column_names}" if "train" in dataset else "")
+            + "; extract them with `rlcaption extract-features`."
+        )
+    return dataset
+
+
+def embed_split_images(model: VisualSemanticEmbedding, processor, split, batch_size: int) -> torch.Tensor:
+    """The unit-norm embedding of every image of `split` `(num_images, joint_embedding_size)`: from its
+    `image_features` (grids and regions padded a batch at a time) for a features embedding, else from its images."""
+    if model.config.encoder_type != "features":
+        return embed_images(model, processor, split["image"], batch_size=batch_size)
+    features = split.select_columns(["image_features"])
+    chunks = []
+    for start in range(0, len(features), batch_size):
+        rows = features.select(range(start, min(start + batch_size, len(features))))
+        if model.config.image_feature_layout == "grid":
+            image_features, mask = pad_regions(rows, "image_features")
+        else:
+            image_features, mask = torch.as_tensor(np.asarray(rows["image_features"]), dtype=torch.float32), None
+        with torch.no_grad():
+            output = model.get_image_features(image_features=image_features, image_feature_mask=mask)
+        chunks.append(output.pooler_output.float().cpu())
+    return torch.cat(chunks)
 
 
 def retrieval_scores(model: VisualSemanticEmbedding, processor, split, batch_size: int) -> dict[str, float]:
@@ -192,7 +306,7 @@ def retrieval_scores(model: VisualSemanticEmbedding, processor, split, batch_siz
     references = split["captions"]
     captions = [caption for captions in references for caption in captions]
     owner = [image for image, captions in enumerate(references) for _ in captions]
-    image_embeddings = embed_images(model, processor, split["image"], batch_size=batch_size)  # (I, J)
+    image_embeddings = embed_split_images(model, processor, split, batch_size)  # (I, J)
     text_embeddings = embed_texts(model, processor, captions, batch_size=4 * batch_size)  # (N, J)
     scores = retrieval_recall(text_embeddings, image_embeddings, ks=(1, 5, 10), text_to_image_index=owner)
     cosines = text_embeddings @ image_embeddings.T  # (N, I)
@@ -231,12 +345,7 @@ def model_card(
     )
     config = model.config
     captioner = f"`{script_args.captioner_name_or_path}`"
-    image_encoder = (
-        f"the fixed, pretrained {len(config.cnn_channels)}-block CNN of the captioner {captioner} (channels "
-        f"{list(config.cnn_channels)}, copied)"
-        if script_args.image_encoder == "captioner"
-        else f"its own {len(config.cnn_channels)}-block CNN (channels {list(config.cnn_channels)}, trained with it)"
-    )
+    image_encoder = image_encoder_description(config, script_args.image_encoder == "captioner", captioner)
     trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     return ModelCard.from_template(
         card_data,
@@ -283,6 +392,26 @@ def model_card(
     )
 
 
+def image_encoder_description(config: VisualSemanticEmbeddingConfig, copied: bool, captioner: str) -> str:
+    """What the model card says of the embedding's image side."""
+    if config.encoder_type == "features":
+        kind = "pooled" if config.image_feature_layout == "pooled" else "grid or region (mean over the real regions)"
+        return f"precomputed {kind} image features of width {config.image_feature_size}"
+    if config.encoder_type == "backbone":
+        state = "fixed" if config.freeze_backbone else "fine-tuned"
+        name = config.backbone or config.backbone_config["model_type"]
+        return f"the {state} pretrained vision model `{name}`" + (
+            f" of the captioner {captioner}, copied" if copied else ""
+        )
+    channels = list(config.cnn_channels)
+    if copied:
+        return (
+            f"the fixed, pretrained {len(channels)}-block CNN of the captioner {captioner} (channels {channels}, "
+            "copied)"
+        )
+    return f"its own {len(channels)}-block CNN (channels {channels}, trained with it)"
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((ScriptArguments, EmbeddingTrainingArguments))
@@ -294,12 +423,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
     model, processor = new_embedding(script_args)
 
     # 1. data
-    dataset = load_recipe_dataset(script_args)
+    if script_args.image_features is not None:
+        dataset, source = (
+            load_features_dataset(script_args.image_features),
+            f"--image_features {script_args.image_features}",
+        )
+    else:
+        dataset, source = load_recipe_dataset(script_args), f"--dataset {script_args.dataset}"
+    image_column = "image_features" if model.config.encoder_type == "features" else "image"
     missing = [split for split in ("train", "test") if split not in dataset]
-    if missing or "image" not in dataset["test"].column_names:
+    if missing or image_column not in dataset["test"].column_names:
         raise ValueError(
-            f"--dataset {script_args.dataset}: the recipe trains on a `train` split and scores retrieval on the "
-            f"images of a `test` split (an `image` column); it has splits {sorted(dataset)} and test columns "
+            f"{source}: the recipe trains on a `train` split and scores retrieval on the images of a `test` split (an "
+            f"`{image_column}` column); it has splits {sorted(dataset)} and test columns "
             f"{dataset['test'].column_names if 'test' in dataset else []}."
         )
 

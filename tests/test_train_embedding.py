@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from huggingface_hub import ModelCard
 from PIL import Image
-from transformers import AutoModel
+from transformers import AutoModel, ViTConfig, ViTModel
 
 from rlcaption.data import load_shapes
 from rlcaption.data.shapes import most_specific_reference
@@ -162,3 +162,41 @@ def test_push_to_hub_offline_fails_before_training(recipe, tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="Nothing was trained yet"):
         recipe.main(["--output_dir", str(tmp_path / "out"), "--push_to_hub", "--hub_model_id", HUB_ID])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_new_image_encoder_can_be_a_pretrained_vision_model(recipe, tmp_path):
+    vision_model = tmp_path / "tiny-vit"
+    ViTModel(
+        ViTConfig(image_size=48, patch_size=16, hidden_size=24, num_hidden_layers=1, num_attention_heads=2)
+    ).save_pretrained(vision_model)
+    script_args = recipe.ScriptArguments(
+        captioner_name_or_path=str(XE_CAPTIONER), image_encoder="new", vision_model=str(vision_model), hidden_size=8
+    )
+    model, _ = recipe.new_embedding(script_args)
+    assert model.config.encoder_type == "backbone" and model.config.freeze_backbone
+    assert not model.config.use_pretrained_backbone  # loaded once, now the model's own
+    assert not any(parameter.requires_grad for parameter in model.embedding.image_encoder.parameters())
+
+
+def test_training_on_region_features_of_varying_count(recipe, shapes_cache, tmp_path):
+    """`--image_features` names a dataset folder with an `image_features` column, here 1 to 4 regions per image:
+    the embedding reads their mean, trains, and scores retrieval on the test split's features."""
+    shapes = load_shapes(num_train=40, num_validation=1, num_test=8, image_size=48)
+    generator = np.random.default_rng(0)
+
+    def with_regions(split):
+        regions = [generator.normal(size=(1 + row % 4, 6)).astype(np.float32).tolist() for row in range(len(split))]
+        return split.remove_columns("image").add_column("image_features", regions)
+
+    features = datasets.DatasetDict({name: with_regions(split) for name, split in shapes.items()})
+    features.save_to_disk(tmp_path / "features" / "dataset")  # where `rlcaption extract-features` writes it
+    output_dir = tmp_path / "embedding"
+    results = recipe.main([
+        "--output_dir", str(output_dir), "--captioner_name_or_path", str(XE_CAPTIONER), "--image_encoder", "new",
+        "--image_features", str(tmp_path / "features"), "--hidden_size", "8", "--word_embedding_size", "8",
+        "--joint_embedding_size", "8", "--num_steps", "3", "--batch_size", "8", "--logging_steps", "1",
+    ])  # fmt: skip
+    model = VisualSemanticEmbedding.from_pretrained(output_dir)
+    assert model.config.encoder_type == "features" and model.config.image_feature_layout == "grid"
+    assert model.config.image_feature_size == 6
+    assert results["num_train_images"] == 40 and results["test"]["num_captions"] > 8

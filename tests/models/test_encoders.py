@@ -12,7 +12,8 @@ from rlcaption.models.encoders import (
     pool_image_features,
 )
 from rlcaption.models.shapes_clip import ShapesCLIPConfig, configuration_shapes_clip
-from rlcaption.models.show_tell_rl import ShowTellRLConfig, configuration_show_tell_rl
+from rlcaption.models.show_tell_rl import ShowTellRLConfig
+from rlcaption.models.visual_semantic_embedding import VisualSemanticEmbeddingConfig
 
 
 def test_cnn_output_size_keeps_the_spatial_layout():
@@ -159,10 +160,13 @@ def test_backbone_encoder_and_feature_extraction_pool_in_one_place(monkeypatch):
 
 
 def test_encoder_types_are_named_in_one_place():
-    assert configuration_show_tell_rl.ENCODER_TYPES is encoders.ENCODER_TYPES
     assert configuration_shapes_clip.IMAGE_ENCODER_TYPES is encoders.IMAGE_ENCODER_TYPES
     assert set(encoders.IMAGE_ENCODER_TYPES) < set(encoders.ENCODER_TYPES)
-    with pytest.raises(ValueError, match=r"expected one of \('cnn', 'backbone', 'features'\)"):
-        ShowTellRLConfig(encoder_type="transformer")
+    # the captioner and the embedding check their encoder fields with the one function of encoders.py
+    for config_class in (ShowTellRLConfig, VisualSemanticEmbeddingConfig):
+        with pytest.raises(ValueError, match=r"expected one of \('cnn', 'backbone', 'features'\)"):
+            config_class(encoder_type="transformer")
+        with pytest.raises(ValueError, match="image_feature_layout='ragged' is not supported"):
+            config_class(encoder_type="features", image_feature_size=8, image_feature_layout="ragged")
     with pytest.raises(ValueError, match=r"expected one of \('cnn', 'backbone'\)"):
         ShapesCLIPConfig(encoder_type="features")

@@ -11,7 +11,7 @@ import torch
 
 from ..captioners import CaptionTokens
 
-__all__ = ["CaptionCollator"]
+__all__ = ["CaptionCollator", "pad_regions"]
 
 # Columns the collator turns into tensors or reads itself; any other column is passed through as a list.
 _HANDLED_COLUMNS = ("image", "pixel_values", "image_features", "image_boxes", "captions", "image_id")
@@ -85,9 +85,9 @@ class CaptionCollator:
         # 1. image inputs
         if "image_features" in first and first["image_features"] is not None:
             if np.ndim(first["image_features"]) == 2:
-                batch["image_features"], batch["image_feature_mask"] = _pad_regions(rows, "image_features")
+                batch["image_features"], batch["image_feature_mask"] = pad_regions(rows, "image_features")
                 if first.get("image_boxes") is not None:
-                    batch["image_boxes"], boxes_mask = _pad_regions(rows, "image_boxes")
+                    batch["image_boxes"], boxes_mask = pad_regions(rows, "image_boxes")
                     _check_boxes_match_regions(rows, boxes_mask, batch["image_feature_mask"])
             else:
                 batch["image_features"] = _stack_rows(rows, "image_features")
@@ -199,7 +199,7 @@ def _stack_rows(rows: Sequence[dict[str, Any]], column: str) -> torch.FloatTenso
     return torch.stack(tensors).float()
 
 
-def _pad_regions(rows: Sequence[dict[str, Any]], column: str) -> tuple[torch.FloatTensor, torch.LongTensor]:
+def pad_regions(rows: Sequence[dict[str, Any]], column: str) -> tuple[torch.FloatTensor, torch.LongTensor]:
     """The `(N_i, F)` arrays of `column` zero-padded to `(B, max N_i, F)`, and the mask `(B, max N_i)` of the rows'
     real positions; a row of another width or of another number of dimensions is named."""
     arrays = [np.asarray(row[column], dtype=np.float32) for row in rows]

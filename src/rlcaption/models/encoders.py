@@ -13,8 +13,11 @@ decoders read at every step:
   features) pass through unchanged, so training never runs the vision model: pooled vectors, or fixed grids and
   variable-count regions with a padding mask, pooled by their masked mean and kept as the grid for attention.
 
-The encoder types (`ENCODER_TYPES`) and the pooling of a vision model's output into one vector per image or its grid
-(`pool_image_features`, also what feature extraction stores) are defined here and nowhere else.
+The encoder types (`ENCODER_TYPES`), the config fields that choose and size an encoder (checked by
+`check_image_encoder_fields`, built by `build_image_encoder`), the image inputs each encoder reads
+(`image_encoder_arguments`) and the pooling of a vision model's output into one vector per image or its grid
+(`pool_image_features`, also what feature extraction stores) are defined here and nowhere else: the captioner, the
+value network, the listener, the visual-semantic embedding and the shapes CLIP all take their image encoder from here.
 
 This module imports only `torch` and `transformers`: it is copied next to the model code when a checkpoint is saved
 for `trust_remote_code` loading.
@@ -41,8 +44,11 @@ __all__ = [
     "POOLING_MODES",
     "PrecomputedFeatureEncoder",
     "build_image_encoder",
+    "check_image_encoder_fields",
     "cpu_runs_lstm_in",
+    "image_encoder_arguments",
     "pool_image_features",
+    "resolve_backbone_config",
 ]
 
 logger = logging.get_logger(__name__)
@@ -318,16 +324,106 @@ class PrecomputedFeatureEncoder(nn.Module):
         return real
 
 
-def build_image_encoder(config) -> ConvImageEncoder | BackboneImageEncoder | PrecomputedFeatureEncoder:
-    """Build the encoder named by `config.encoder_type` from the fields of a captioning model config."""
+def resolve_backbone_config(encoder_type: str, backbone: str | None, backbone_config) -> dict | None:
+    """The config dict of a `"backbone"` encoder: `backbone_config` as a dict, or read from `backbone` (a hub id or
+    local folder) when only that is given."""
+    if encoder_type == "backbone" and backbone_config is None and backbone is not None:
+        backbone_config = AutoConfig.from_pretrained(backbone).to_dict()
+    if hasattr(backbone_config, "to_dict"):
+        backbone_config = backbone_config.to_dict()
+    return backbone_config
+
+
+def check_image_encoder_fields(config, config_name: str, encoder_types: tuple[str, ...] = ENCODER_TYPES) -> None:
+    """
+    Refuses config fields that cannot build an image encoder: `encoder_type`, and the fields of that type
+    (`cnn_channels` and `image_size`; `backbone` and `backbone_config`; `image_feature_size` and
+    `image_feature_layout`). `config_name` names the config in the messages.
+    """
+    if config.encoder_type not in encoder_types:
+        raise ValueError(
+            f"{config_name}.encoder_type={config.encoder_type!r} is not supported; expected one of {encoder_types}."
+        )
     if config.encoder_type == "cnn":
-        return ConvImageEncoder(config.image_size, config.num_channels, list(config.cnn_channels))
+        if not config.cnn_channels or any(not isinstance(c, int) or c < 1 for c in config.cnn_channels):
+            raise ValueError(f"cnn_channels must be a non-empty list of positive ints, got {config.cnn_channels!r}.")
+        reduction = 2 ** len(config.cnn_channels)
+        if config.image_size % reduction != 0:
+            raise ValueError(
+                f"image_size={config.image_size} must be divisible by {reduction} (each of the "
+                f"{len(config.cnn_channels)} CNN blocks halves the side); change image_size or cnn_channels."
+            )
+    elif config.encoder_type == "backbone":
+        if not isinstance(config.backbone_config, dict) or "model_type" not in config.backbone_config:
+            raise ValueError(
+                "encoder_type='backbone' needs `backbone` (a hub id or local folder of a transformers vision "
+                "model) or `backbone_config` (a config dict with its model_type), got "
+                f"backbone={config.backbone!r}, backbone_config={config.backbone_config!r}."
+            )
+        if config.use_pretrained_backbone and config.backbone is None:
+            raise ValueError("use_pretrained_backbone=True needs `backbone` (the hub id or folder to load).")
+    else:
+        if not isinstance(config.image_feature_size, int) or config.image_feature_size < 1:
+            raise ValueError(
+                "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "
+                f"got {config.image_feature_size!r}."
+            )
+        if config.image_feature_layout not in IMAGE_FEATURE_LAYOUTS:
+            raise ValueError(
+                f"{config_name}.image_feature_layout={config.image_feature_layout!r} is not supported; expected "
+                f"one of {IMAGE_FEATURE_LAYOUTS}."
+            )
+
+
+def build_image_encoder(
+    config, cnn_channels: list[int] | None = None
+) -> ConvImageEncoder | BackboneImageEncoder | PrecomputedFeatureEncoder:
+    """
+    Build the encoder named by `config.encoder_type` from the fields of a model config (see
+    [`check_image_encoder_fields`]). A network that mirrors another model's image input (a value network, a listener)
+    passes that model's config and, for a CNN of its own size, its `cnn_channels`.
+    """
+    if config.encoder_type == "cnn":
+        channels = config.cnn_channels if cnn_channels is None else cnn_channels
+        return ConvImageEncoder(config.image_size, config.num_channels, list(channels))
     if config.encoder_type == "backbone":
         return BackboneImageEncoder(config.backbone_config, freeze=config.freeze_backbone)
     if config.encoder_type == "features":
         # configs written before grids and regions existed have no layout: their features are pooled
         return PrecomputedFeatureEncoder(config.image_feature_size, getattr(config, "image_feature_layout", "pooled"))
     raise ValueError(f"Unknown encoder_type {config.encoder_type!r}; expected one of {ENCODER_TYPES}.")
+
+
+def image_encoder_arguments(
+    encoder: nn.Module,
+    pixel_values: torch.FloatTensor | None = None,
+    image_features: torch.FloatTensor | None = None,
+    image_feature_mask: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor | None, ...]:
+    """
+    The arguments of `encoder`'s `forward` (or `forward_with_grid`) among a batch's image inputs, in `dtype`, checked:
+    `(pixel_values,)` for an encoder of pixels, `(image_features, image_feature_mask)` for precomputed features. An
+    input the encoder does not read (the `pixel_values` a batch may also carry beside its features) is left out.
+    """
+    if isinstance(encoder, PrecomputedFeatureEncoder):
+        if image_features is None:
+            raise ValueError(
+                "This image encoder reads precomputed features (encoder_type='features'): pass image_features."
+            )
+        return image_features.to(dtype), image_feature_mask
+    encoder_type = "cnn" if isinstance(encoder, ConvImageEncoder) else "backbone"
+    if pixel_values is None:
+        raise ValueError(
+            f"This image encoder reads images (encoder_type={encoder_type!r}): pass pixel_values (from "
+            "CaptionProcessor)."
+        )
+    if image_feature_mask is not None:
+        raise ValueError(
+            "Got an image_feature_mask, which masks the regions of precomputed image_features, but this image encoder "
+            f"reads pixel_values (encoder_type={encoder_type!r}); drop the mask."
+        )
+    return (pixel_values.to(dtype),)
 
 
 @torch.no_grad()

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data.collator import pad_regions
 from ..metrics.clip import embed_images, embed_texts, load_clip
 from .base import completion_texts, group_sizes
 from .clip_rewards import pixel_values_to_images
@@ -64,20 +65,34 @@ def bidirectional_hinge_losses(similarities: torch.Tensor, margin: float = 0.2) 
     return negative_images.sum(dim=1) + negative_captions.sum(dim=0)
 
 
-def _training_images(model: Any, processor: Any, dataset: Any) -> dict[str, torch.Tensor]:
-    """Every image of `dataset` as the embedding reads it: `{"pixel_values": (N, 3, H, W)}` or `{"image_features":
-    (N, F)}`."""
+def _training_images(model: Any, processor: Any, dataset: Any) -> Callable[[list[int]], dict[str, torch.Tensor]]:
+    """The images of rows of `dataset` as the embedding reads them: `{"pixel_values": (B, 3, H, W)}`,
+    `{"image_features": (B, F)}`, or grids and regions `{"image_features": (B, N, F), "image_feature_mask": (B, N)}`
+    padded to the batch's largest count. Pixels and pooled features are prepared once; grids and regions are read
+    from the dataset a batch at a time, since all of them at once may not fit in memory (bottom-up features of
+    COCO)."""
     if model.config.encoder_type == "features":
         if "image_features" not in dataset.column_names:
             raise ValueError("This embedding reads precomputed features: the dataset needs `image_features`.")
-        return {"image_features": torch.as_tensor(np.asarray(dataset["image_features"]), dtype=torch.float32)}
+        features = dataset.select_columns(["image_features"])
+        if model.config.image_feature_layout == "grid":
+
+            def padded_regions(rows: list[int]) -> dict[str, torch.Tensor]:
+                regions, mask = pad_regions(features.select(rows), "image_features")
+                return {"image_features": regions, "image_feature_mask": mask}
+
+            return padded_regions
+        pooled = torch.as_tensor(np.asarray(features["image_features"]), dtype=torch.float32)
+        return lambda rows: {"image_features": pooled[rows]}
     if "pixel_values" in dataset.column_names:
-        return {"pixel_values": torch.as_tensor(np.asarray(dataset["pixel_values"]), dtype=torch.float32)}
-    if "image" not in dataset.column_names:
+        pixel_values = torch.as_tensor(np.asarray(dataset["pixel_values"]), dtype=torch.float32)
+    elif "image" in dataset.column_names:
+        pixel_values = processor(images=dataset["image"], return_tensors="pt")["pixel_values"]
+    else:
         raise ValueError(
             f"Training the embedding needs an `image` or `pixel_values` column; got {dataset.column_names}."
         )
-    return {"pixel_values": processor(images=dataset["image"], return_tensors="pt")["pixel_values"]}
+    return lambda rows: {"pixel_values": pixel_values[rows]}
 
 
 def train_embedding_model(
@@ -102,7 +117,8 @@ def train_embedding_model(
         model ([`VisualSemanticEmbedding`]): the embedding, trained in place (a fixed image encoder stays fixed).
         processor ([`CaptionProcessor`]): the embedding's processor (its vocabulary and image size).
         train_dataset (`datasets.Dataset`): a `captions` column (the references of each image) and the images
-            (`image`, or `pixel_values` prepared by the processor, or `image_features` for a `"features"` embedding).
+            (`image`, or `pixel_values` prepared by the processor, or `image_features` for a `"features"` embedding:
+            one vector per image, or a grid or regions `(num_regions, F)` per image for `image_feature_layout="grid"`).
         num_steps (`int`, *optional*, defaults to 1000): optimizer steps.
         batch_size (`int`, *optional*, defaults to 64): images (and captions) per step, at most the number of images.
         learning_rate (`float`, *optional*, defaults to 2e-4): Adam's learning rate.
@@ -125,7 +141,7 @@ def train_embedding_model(
     if batch_size > len(references):
         raise ValueError(f"batch_size={batch_size} is larger than the {len(references)} training images.")
     device = model.device
-    images = _training_images(model, processor, train_dataset)
+    images_of = _training_images(model, processor, train_dataset)
     generator = torch.Generator().manual_seed(seed)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.Adam(trainable, lr=learning_rate)
@@ -141,7 +157,7 @@ def train_embedding_model(
         similarities = model(
             input_ids=text["input_ids"].to(device),
             attention_mask=text["attention_mask"].to(device),
-            **{name: tensor[rows].to(device) for name, tensor in images.items()},
+            **{name: tensor.to(device) for name, tensor in images_of(rows.tolist()).items()},
         )  # (B, B)
         loss = bidirectional_hinge_losses(similarities, margin).mean()
         optimizer.zero_grad()
@@ -170,7 +186,8 @@ class EmbeddingReward:
         local_files_only (`bool`, *optional*, defaults to `False`): never contact the Hub when loading `model`.
 
     The images come from the columns the trainer passes: `pixel_values` (or a dataset's `image` column, as TRL passes
-    it), or `image_features` for an embedding over precomputed features. Each image is embedded once per call.
+    it), or `image_features` (with `image_feature_mask` for padded grids and regions) for an embedding over
+    precomputed features. Each image is embedded once per call.
 
     Example:
         ```python
@@ -215,7 +232,8 @@ class EmbeddingReward:
             completions (`list[list[str]]` of length `num_images`): group `i` holds image `i`'s completions.
             references: unused (the embedding needs no references).
             **image_columns: one row per image: `pixel_values` (`torch.FloatTensor` of shape `(num_images, 3, H,
-                W)`), `image` (a list of images) or `image_features` (`(num_images, F)`).
+                W)`), `image` (a list of images) or `image_features` (`(num_images, F)`, or `(num_images, N, F)`
+                with `image_feature_mask` `(num_images, N)` for grids and regions).
 
         Returns:
             `list[list[float]]`: one list per group, as long as the group.
@@ -251,8 +269,12 @@ class EmbeddingReward:
                 raise ValueError(
                     f"This embedding reads precomputed features: pass `image_features`, got columns {sorted(columns)}."
                 )
+            mask = columns.get("image_feature_mask")
             with torch.no_grad():
-                output = self.model.get_image_features(image_features=torch.as_tensor(features).to(self.model.device))
+                output = self.model.get_image_features(
+                    image_features=torch.as_tensor(features).to(self.model.device),
+                    image_feature_mask=None if mask is None else torch.as_tensor(mask).to(self.model.device),
+                )
             return output.pooler_output.float().cpu()
         if columns.get("pixel_values") is not None:
             images = pixel_values_to_images(columns["pixel_values"], self.pixel_mean, self.pixel_std)

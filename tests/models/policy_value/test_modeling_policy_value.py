@@ -56,10 +56,6 @@ def test_config_serialises_the_policy_and_rejects_a_value_network_it_cannot_buil
     assert config.get_text_config() is config.policy_config
     reloaded = PolicyValueConfig.from_dict(config.to_dict())
     assert reloaded.policy_config.to_dict() == config.policy_config.to_dict()
-    with pytest.raises(ValueError, match="extract features"):
-        PolicyValueConfig(
-            policy_config=tiny_policy_config(encoder_type="backbone", backbone_config={"model_type": "vit"})
-        )
     with pytest.raises(ValueError, match="divisible"):
         PolicyValueConfig(policy_config=tiny_policy_config(), value_cnn_channels=[4, 4, 4, 4, 4])
     with pytest.raises(ValueError, match="value_hidden_size"):

@@ -57,7 +57,6 @@ def captions_of_lengths(lengths: list[int], width: int) -> torch.LongTensor:
 @pytest.mark.parametrize(
     "speaker_overrides, listener_fields, message",
     [
-        (dict(encoder_type="backbone", backbone_config={"model_type": "vit"}), {}, "extract features"),
         ({}, dict(listener_cnn_channels=[4, 4, 4, 4, 4]), "divisible"),
         ({}, dict(joint_embedding_size=0), "joint_embedding_size"),
     ],

@@ -1,6 +1,6 @@
 """PolicyValueCaptioner: the policy network and value network of Ren et al. 2017, with lookahead decoding."""
 
-from .configuration_policy_value import VALUE_ENCODER_TYPES, PolicyValueConfig
+from .configuration_policy_value import PolicyValueConfig
 from .modeling_policy_value import (
     PolicyValueCaptioner,
     PolicyValuePreTrainedModel,
@@ -9,7 +9,6 @@ from .modeling_policy_value import (
 )
 
 __all__ = [
-    "VALUE_ENCODER_TYPES",
     "PolicyValueCaptioner",
     "PolicyValueConfig",
     "PolicyValuePreTrainedModel",

@@ -6,25 +6,23 @@ from transformers import PretrainedConfig
 
 from rlcaption.models.show_tell_rl import ShowTellRLConfig
 
-__all__ = ["VALUE_ENCODER_TYPES", "PolicyValueConfig"]
-
-# The policy encoders the value network can mirror with an image encoder of its own: a small CNN, or a linear map of
-# the same precomputed features. A second vision backbone is not built.
-VALUE_ENCODER_TYPES = ("cnn", "features")
+__all__ = ["PolicyValueConfig"]
 
 
 class PolicyValueConfig(PretrainedConfig):
     r"""
     Configuration of [`PolicyValueCaptioner`]: a [`ShowTellRL`] policy network (its config nested as
     `policy_config`) and a value network `v(s_t)` that predicts the final reward of a caption from the image and a
-    partial caption: its own image encoder (a CNN like the policy's, or the policy's precomputed features) mapped to
+    partial caption: its own image encoder, of the policy's kind (a CNN, a copy of the policy's vision backbone, or
+    the policy's precomputed features, pooled by their masked mean over grids and regions) mapped to
     `value_hidden_size`, its own word embeddings and GRU over the partial caption, and a three-layer perceptron on the
     concatenated image embedding and GRU state (Shi et al. 2018, Fig. 3; a 3-layer perceptron in its Sec. 4.1).
 
     Args:
         policy_config ([`ShowTellRLConfig`] or `dict`, *optional*):
-            The policy; a default [`ShowTellRLConfig`] when unset. Its `encoder_type` must be one of
-            `VALUE_ENCODER_TYPES`, which the value network's image encoder mirrors.
+            The policy; a default [`ShowTellRLConfig`] when unset. The value network's image encoder is of its
+            `encoder_type`: a CNN (of `value_cnn_channels`), its `backbone_config` (frozen as `freeze_backbone`
+            says), or its `image_feature_size` and `image_feature_layout`.
         value_word_embedding_size (`int`, *optional*, defaults to 512):
             Width of the value network's word embeddings.
         value_hidden_size (`int`, *optional*, defaults to 512):
@@ -35,8 +33,8 @@ class PolicyValueConfig(PretrainedConfig):
             Output channels of the value network's CNN blocks (`"cnn"` policies); the policy's `cnn_channels` when
             unset.
         freeze_value_image_encoder (`bool`, *optional*, defaults to `False`):
-            Keep the value network's CNN fixed. [`PolicyValueCaptioner.from_policy`] sets it when it gives the value
-            network a copy of the policy's pretrained, fixed encoder.
+            Keep the value network's image encoder fixed. [`PolicyValueCaptioner.from_policy`] sets it when it gives
+            the value network a copy of the policy's pretrained, fixed CNN.
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of the value network's linear and embedding weights.
 
@@ -97,12 +95,6 @@ class PolicyValueConfig(PretrainedConfig):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"PolicyValueConfig.{name} must be a positive int, got {value!r}.")
         encoder_type = self.policy_config.encoder_type
-        if encoder_type not in VALUE_ENCODER_TYPES:
-            raise ValueError(
-                f"The value network builds an image encoder like the policy's, which is {encoder_type!r}; it supports "
-                f"{VALUE_ENCODER_TYPES}. For a vision backbone, extract features once (`rlcaption extract-features`) "
-                "and use encoder_type='features' for the policy."
-            )
         if encoder_type == "cnn":
             channels = self.value_cnn_channels
             if not channels or any(not isinstance(c, int) or c < 1 for c in channels):

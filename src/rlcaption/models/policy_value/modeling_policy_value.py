@@ -4,9 +4,10 @@ Learning-based Image Captioning with Embedding Reward") as a `transformers` mode
 The policy `p_π(a_t | s_t)` is a [`ShowTellRL`] captioner: `generate`, `forward` and `caption_log_probs` of a
 PolicyValueCaptioner are the policy's, so every objective and evaluation that captions works on it unchanged. The
 value network ([`ValueNetwork`]) predicts the final reward `v(s_t)` of a partial caption `s_t` from its own image
-encoder, its own word embeddings and GRU over the partial caption, and a three-layer perceptron; it shares no
-parameter with the policy, so its regression loss never reaches the policy. [`PolicyValueCaptioner.value`] gives
-`v(s_t)` for every prefix of given captions.
+encoder (of the policy's kind: a CNN, a vision backbone, or precomputed features, pooled over grids and regions), its
+own word embeddings and GRU over the partial caption, and a three-layer perceptron; it shares no parameter with the
+policy, so its regression loss never reaches the policy. [`PolicyValueCaptioner.value`] gives `v(s_t)` for every prefix
+of given captions.
 
 Inference uses both networks: `generate(..., num_beams=k, lookahead_lambda=λ)` is Ren et al.'s lookahead beam search
 ([`ValueLookaheadLogitsProcessor`]), which ranks the extensions of the beams by `λ · log p_π + (1 − λ) · v(s_{t+1})`.
@@ -28,7 +29,7 @@ from torch import nn
 from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from rlcaption.models.detachable import DetachableNetworkMixin
-from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder, init_cnn_and_gru_weights
+from rlcaption.models.encoders import build_image_encoder, image_encoder_arguments, init_cnn_and_gru_weights
 from rlcaption.models.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.show_tell_rl import ShowTellRL
 from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
@@ -60,9 +61,10 @@ class ValueNetwork(nn.Module):
     The value network `v(s_t)` (Shi et al. 2018, Fig. 3): the final reward expected from the partial caption `s_t` of
     an image.
 
-    The image goes through the network's own encoder (a CNN like the policy's, or the policy's precomputed features),
-    a linear map and a LayerNorm; the partial caption through the network's own word embeddings and a GRU from a zero
-    state; a three-layer perceptron maps `[image embedding; GRU state]` to a scalar.
+    The image goes through the network's own encoder, of the policy's kind (a CNN, a vision backbone, or the policy's
+    precomputed features: pooled vectors, or the masked mean of a grid or of regions), a linear map and a LayerNorm;
+    the partial caption through the network's own word embeddings and a GRU from a zero state; a three-layer perceptron
+    maps `[image embedding; GRU state]` to a scalar.
 
     Args:
         config ([`PolicyValueConfig`]): the value network's sizes and the policy's vocabulary and image input.
@@ -71,12 +73,7 @@ class ValueNetwork(nn.Module):
     def __init__(self, config: PolicyValueConfig):
         super().__init__()
         policy_config = config.policy_config
-        if policy_config.encoder_type == "cnn":
-            self.image_encoder = ConvImageEncoder(
-                policy_config.image_size, policy_config.num_channels, list(config.value_cnn_channels)
-            )
-        else:
-            self.image_encoder = PrecomputedFeatureEncoder(policy_config.image_feature_size)
+        self.image_encoder = build_image_encoder(policy_config, cnn_channels=config.value_cnn_channels)
         hidden_size = config.value_hidden_size
         self.image_projection = nn.Linear(self.image_encoder.output_size, hidden_size)
         # bounded-scale image features for the regression head, as the policy's image input (see ShowTellRL)
@@ -91,15 +88,17 @@ class ValueNetwork(nn.Module):
         self.pad_token_id = policy_config.pad_token_id
 
     def encode_images(
-        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> torch.FloatTensor:
-        """The image embeddings `(num_images, value_hidden_size)` the value head reads."""
-        reads_pixels = isinstance(self.image_encoder, ConvImageEncoder)
-        images = pixel_values if reads_pixels else image_features
-        if images is None:
-            expected = "pixel_values" if reads_pixels else "image_features"
-            raise ValueError(f"The value network reads the images as its policy does: pass {expected}.")
-        features = self.image_encoder(images.to(self.image_projection.weight.dtype))  # (I, F)
+        """The image embeddings `(num_images, value_hidden_size)` the value head reads, from the image inputs the
+        policy reads (see [`PolicyValueCaptioner.value`])."""
+        arguments = image_encoder_arguments(
+            self.image_encoder, pixel_values, image_features, image_feature_mask, self.image_projection.weight.dtype
+        )
+        features = self.image_encoder(*arguments)  # (I, F)
         return self.image_norm(self.image_projection(features))  # (I, H)
 
     def _prefix_states(
@@ -168,6 +167,7 @@ class ValueNetwork(nn.Module):
         image_features: torch.FloatTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         image_index: torch.LongTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> torch.FloatTensor:
         """
         `v(s_t)` for every prefix of given captions (see [`PolicyValueCaptioner.value`]); a forward, so that a DDP
@@ -176,7 +176,7 @@ class ValueNetwork(nn.Module):
         Returns:
             `torch.FloatTensor` of shape `(N, T)`.
         """
-        image_embeddings = self.encode_images(pixel_values, image_features)  # (I, H)
+        image_embeddings = self.encode_images(pixel_values, image_features, image_feature_mask)  # (I, H)
         if image_index is not None:
             image_embeddings = image_embeddings.index_select(0, image_index.to(image_embeddings.device))
         return self.prefix_values(image_embeddings, input_ids, attention_mask)
@@ -274,9 +274,15 @@ class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, Policy
 
     def __init__(self, config: PolicyValueConfig):
         super().__init__(config)
-        self.policy = ShowTellRL(config.policy_config)
+        policy_config = config.policy_config
+        # read before the policy loads its pretrained backbone (and records that its weights are now its own)
+        loads_pretrained_backbone = policy_config.encoder_type == "backbone" and policy_config.use_pretrained_backbone
+        self.policy = ShowTellRL(policy_config)
         self.value_network = ValueNetwork(config)
         self.post_init()
+        if loads_pretrained_backbone:
+            # after post_init, which would otherwise re-initialise the pretrained weights
+            self.value_network.image_encoder.load_pretrained_backbone(policy_config.backbone)
         self._freeze_value_image_encoder()
 
     def _freeze_value_image_encoder(self) -> None:
@@ -291,24 +297,26 @@ class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, Policy
 
         When the policy's CNN encoder is fixed (pretrained, e.g. on the shapes scene annotations), the value network's
         encoder starts as a copy of it and stays fixed, as the listener's does in [`SpeakerListener.from_speaker`]:
-        the value network then reads fixed pretrained features, as Ren et al.'s reads a pretrained VGG-16's. The copy
-        is the value network's own, so the two networks share no weights.
+        the value network then reads fixed pretrained features, as Ren et al.'s reads a pretrained VGG-16's. A
+        policy's vision backbone is copied too (frozen or fine-tuned as the policy's `freeze_backbone` says), so that
+        the value network starts from its pretrained weights. The copy is the value network's own, so the two
+        networks share no weights.
 
         Args:
             policy ([`ShowTellRL`]): the captioner to start from; left unchanged.
             value_kwargs: the value network's fields of [`PolicyValueConfig`] (`value_hidden_size`, ...).
         """
         policy_config = policy.config
-        copies_encoder = (
+        copies_fixed_cnn = (
             policy_config.encoder_type == "cnn"
             and policy_config.freeze_image_encoder
             and value_kwargs.get("value_cnn_channels", policy_config.cnn_channels) == policy_config.cnn_channels
         )
-        value_kwargs.setdefault("freeze_value_image_encoder", copies_encoder)
+        value_kwargs.setdefault("freeze_value_image_encoder", copies_fixed_cnn)
         model = cls(PolicyValueConfig(policy_config=copy.deepcopy(policy_config), **value_kwargs))
         model.policy.load_state_dict(policy.state_dict())
         model.policy.generation_config = copy.deepcopy(policy.generation_config)
-        if copies_encoder:
+        if copies_fixed_cnn or policy_config.encoder_type == "backbone":
             model.value_network.image_encoder.load_state_dict(policy.image_encoder.state_dict())
         return model.to(policy.device)
 
@@ -359,7 +367,9 @@ class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, Policy
                 f"num_beams={num_beams}, do_sample={do_sample}."
             )
         # each image is encoded once; the processor looks its embedding up for every beam of it
-        image_embeddings = self.value_network.encode_images(kwargs.get("pixel_values"), kwargs.get("image_features"))
+        image_embeddings = self.value_network.encode_images(
+            kwargs.get("pixel_values"), kwargs.get("image_features"), kwargs.get("image_feature_mask")
+        )
 
         def next_token_values(input_ids: torch.LongTensor, candidate_ids: torch.LongTensor):
             beams_per_image = input_ids.shape[0] // image_embeddings.shape[0]
@@ -381,19 +391,23 @@ class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, Policy
         attention_mask: torch.Tensor | None = None,
         image_features: torch.FloatTensor | None = None,
         image_index: torch.LongTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> torch.FloatTensor:
         """
         The value network's `v(s_t)` for every prefix of given captions: the final reward it expects from there.
 
         Args:
             pixel_values (`torch.FloatTensor` of shape `(num_images, num_channels, height, width)`, *optional*):
-                The images, for a `"cnn"` policy.
+                The images, for a `"cnn"` or `"backbone"` policy.
             input_ids (`torch.LongTensor` of shape `(N, T)`): captions starting with `<bos>`, as `generate` returns
                 them.
             attention_mask (`torch.Tensor` of shape `(N, T)`, *optional*): 0 at padding (left, right or inside),
                 which the network skips; `input_ids != pad_token_id` when unset.
-            image_features (`torch.FloatTensor` of shape `(num_images, image_feature_size)`, *optional*): the
-                images, for a `"features"` policy.
+            image_features (`torch.FloatTensor` of shape `(num_images, image_feature_size)`, or `(num_images,
+                num_regions, image_feature_size)` for `image_feature_layout="grid"`, *optional*): the images, for a
+                `"features"` policy.
+            image_feature_mask (`torch.LongTensor` of shape `(num_images, num_regions)`, *optional*): 1 for a real
+                region, 0 for padding (grids and regions); the value network reads the mean of the real regions.
             image_index (`torch.LongTensor` of shape `(N,)`, *optional*): the image row of each caption, when the
                 images are given once for several captions; row `i` is caption `i`'s image when unset.
 
@@ -403,7 +417,9 @@ class PolicyValueCaptioner(WrappedCaptionerMixin, DetachableNetworkMixin, Policy
         """
         if input_ids is None:
             raise ValueError("PolicyValueCaptioner.value needs input_ids, the captions whose prefixes to value.")
-        return self.value_network(input_ids, pixel_values, image_features, attention_mask, image_index)
+        return self.value_network(
+            input_ids, pixel_values, image_features, attention_mask, image_index, image_feature_mask
+        )
 
     @property
     def value_network_is_detached(self) -> bool:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
-from rlcaption.models.encoders import ENCODER_TYPES, IMAGE_FEATURE_LAYOUTS
+from rlcaption.models.encoders import check_image_encoder_fields, resolve_backbone_config
 
 __all__ = ["ShowTellRLConfig"]
 
@@ -119,11 +119,7 @@ class ShowTellRLConfig(PretrainedConfig):
         self.num_channels = num_channels
         self.cnn_channels = list(cnn_channels)
         self.backbone = backbone
-        if encoder_type == "backbone" and backbone_config is None and backbone is not None:
-            backbone_config = AutoConfig.from_pretrained(backbone).to_dict()
-        if hasattr(backbone_config, "to_dict"):
-            backbone_config = backbone_config.to_dict()
-        self.backbone_config = backbone_config
+        self.backbone_config = resolve_backbone_config(encoder_type, backbone, backbone_config)
         self.use_pretrained_backbone = (
             backbone is not None if use_pretrained_backbone is None else use_pretrained_backbone
         )
@@ -161,43 +157,10 @@ class ShowTellRLConfig(PretrainedConfig):
                 )
         if len(set(special.values())) != 3:
             raise ValueError(f"The pad, bos and eos token ids must differ, got {special}.")
-        if self.encoder_type not in ENCODER_TYPES:
+        check_image_encoder_fields(self, "ShowTellRLConfig")
+        if self.encoder_type == "features" and self.image_attention and self.image_feature_layout != "grid":
             raise ValueError(
-                f"ShowTellRLConfig.encoder_type={self.encoder_type!r} is not supported; expected one of "
-                f"{ENCODER_TYPES}."
+                "image_attention=True needs a feature grid, which pooled image features (one vector per image) "
+                "do not have; set image_feature_layout='grid' and pass features of shape (batch_size, "
+                "num_regions, image_feature_size), or set image_attention=False."
             )
-        if self.encoder_type == "cnn":
-            if not self.cnn_channels or any(not isinstance(c, int) or c < 1 for c in self.cnn_channels):
-                raise ValueError(f"cnn_channels must be a non-empty list of positive ints, got {self.cnn_channels!r}.")
-            reduction = 2 ** len(self.cnn_channels)
-            if self.image_size % reduction != 0:
-                raise ValueError(
-                    f"image_size={self.image_size} must be divisible by {reduction} (each of the "
-                    f"{len(self.cnn_channels)} CNN blocks halves the side); change image_size or cnn_channels."
-                )
-        elif self.encoder_type == "backbone":
-            if not isinstance(self.backbone_config, dict) or "model_type" not in self.backbone_config:
-                raise ValueError(
-                    "encoder_type='backbone' needs `backbone` (a hub id or local folder of a transformers vision "
-                    "model) or `backbone_config` (a config dict with its model_type), got "
-                    f"backbone={self.backbone!r}, backbone_config={self.backbone_config!r}."
-                )
-            if self.use_pretrained_backbone and self.backbone is None:
-                raise ValueError("use_pretrained_backbone=True needs `backbone` (the hub id or folder to load).")
-        else:
-            if not isinstance(self.image_feature_size, int) or self.image_feature_size < 1:
-                raise ValueError(
-                    "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "
-                    f"got {self.image_feature_size!r}."
-                )
-            if self.image_feature_layout not in IMAGE_FEATURE_LAYOUTS:
-                raise ValueError(
-                    f"ShowTellRLConfig.image_feature_layout={self.image_feature_layout!r} is not supported; expected "
-                    f"one of {IMAGE_FEATURE_LAYOUTS}."
-                )
-            if self.image_attention and self.image_feature_layout != "grid":
-                raise ValueError(
-                    "image_attention=True needs a feature grid, which pooled image features (one vector per image) "
-                    "do not have; set image_feature_layout='grid' and pass features of shape (batch_size, "
-                    "num_regions, image_feature_size), or set image_attention=False."
-                )

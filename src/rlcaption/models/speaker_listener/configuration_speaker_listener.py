@@ -6,11 +6,7 @@ from transformers import PretrainedConfig
 
 from rlcaption.models.show_tell_rl import ShowTellRLConfig
 
-__all__ = ["LISTENER_ENCODER_TYPES", "SpeakerListenerConfig"]
-
-# The speaker encoders the listener can mirror with an image encoder of its own: a small CNN trained from scratch, or
-# a linear map of the same precomputed features (the paper's listener). A second vision backbone is not built.
-LISTENER_ENCODER_TYPES = ("cnn", "features")
+__all__ = ["SpeakerListenerConfig"]
 
 
 class SpeakerListenerConfig(PretrainedConfig):
@@ -20,14 +16,16 @@ class SpeakerListenerConfig(PretrainedConfig):
 
     The listener embeds a caption by multiplying each step's word vector over the vocabulary by the speaker's word
     embedding matrix, running a GRU over the steps and mapping its last state linearly into the joint space; it embeds
-    an image by a linear map of the features of its own image encoder (a CNN like the speaker's `"cnn"` encoder, or the
-    speaker's precomputed `"features"`). Both embeddings are L2-normalised, so their dot product is the cosine
+    an image by a linear map of the features of its own image encoder, of the speaker's kind: a CNN, a copy of the
+    speaker's vision backbone, or the speaker's precomputed features (the paper's listener; grids and regions pooled
+    by their masked mean). Both embeddings are L2-normalised, so their dot product is the cosine
     similarity `Φ(w, I)` of Vered et al. 2019.
 
     Args:
         speaker_config ([`ShowTellRLConfig`] or `dict`, *optional*):
-            The speaker; a default [`ShowTellRLConfig`] when unset. Its `encoder_type` must be one of
-            `LISTENER_ENCODER_TYPES`, which the listener's image encoder mirrors.
+            The speaker; a default [`ShowTellRLConfig`] when unset. The listener's image encoder is of its
+            `encoder_type`: a CNN (of `listener_cnn_channels`), its `backbone_config` (frozen as `freeze_backbone`
+            says), or its `image_feature_size` and `image_feature_layout`.
         listener_hidden_size (`int`, *optional*, defaults to 512):
             State size of the listener's GRU over the caption.
         joint_embedding_size (`int`, *optional*, defaults to 512):
@@ -35,9 +33,9 @@ class SpeakerListenerConfig(PretrainedConfig):
         listener_cnn_channels (`list[int]`, *optional*):
             Output channels of the listener's CNN blocks (`"cnn"` speakers); the speaker's `cnn_channels` when unset.
         freeze_listener_image_encoder (`bool`, *optional*, defaults to `False`):
-            Keep the listener's CNN fixed. [`SpeakerListener.from_speaker`] sets it when it gives the listener a copy
-            of the speaker's pretrained, fixed encoder: the listener then maps fixed pretrained CNN features linearly,
-            as in Vered et al. 2019 (where both networks read a pretrained ResNet's features).
+            Keep the listener's image encoder fixed. [`SpeakerListener.from_speaker`] sets it when it gives the
+            listener a copy of the speaker's pretrained, fixed encoder: the listener then maps fixed pretrained CNN
+            features linearly, as in Vered et al. 2019 (where both networks read a pretrained ResNet's features).
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of the listener's linear weights.
 
@@ -96,12 +94,6 @@ class SpeakerListenerConfig(PretrainedConfig):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"SpeakerListenerConfig.{name} must be a positive int, got {value!r}.")
         encoder_type = self.speaker_config.encoder_type
-        if encoder_type not in LISTENER_ENCODER_TYPES:
-            raise ValueError(
-                f"The listener builds an image encoder like the speaker's, which is {encoder_type!r}; it supports "
-                f"{LISTENER_ENCODER_TYPES}. For a vision backbone, extract features once (`rlcaption "
-                "extract-features`) and use encoder_type='features' for the speaker."
-            )
         if encoder_type == "cnn":
             channels = self.listener_cnn_channels
             if not channels or any(not isinstance(c, int) or c < 1 for c in channels):

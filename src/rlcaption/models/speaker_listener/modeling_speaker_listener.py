@@ -28,7 +28,7 @@ from transformers import GenerationMixin, PreTrainedModel
 
 from rlcaption.models.captions import caption_token_mask, soft_word_embeddings
 from rlcaption.models.detachable import DetachableNetworkMixin
-from rlcaption.models.encoders import ConvImageEncoder, PrecomputedFeatureEncoder, init_cnn_and_gru_weights
+from rlcaption.models.encoders import build_image_encoder, init_cnn_and_gru_weights
 from rlcaption.models.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.show_tell_rl import ShowTellRL
 from rlcaption.models.visual_semantic_embedding import CaptionImageEmbedding
@@ -44,7 +44,7 @@ class Listener(CaptionImageEmbedding):
     Vered et al.'s listener: embeds captions and images into a joint space of `config.joint_embedding_size`,
     L2-normalised, so that the dot product of a caption and an image embedding is their cosine similarity `Φ(w, I)`. It
     is the visual-semantic embedding network [`CaptionImageEmbedding`] (Ren et al.'s embedding reward is one too), with
-    an image encoder like the speaker's.
+    an image encoder of the speaker's kind (a CNN, a vision backbone, or precomputed features).
 
     It has no word embeddings of its own: every call takes the speaker's word embedding matrix, so that the words
     keep the meaning the speaker gives them and the listener's loss also trains the speaker's embeddings.
@@ -55,12 +55,7 @@ class Listener(CaptionImageEmbedding):
 
     def __init__(self, config: SpeakerListenerConfig):
         speaker_config = config.speaker_config
-        if speaker_config.encoder_type == "cnn":
-            image_encoder = ConvImageEncoder(
-                speaker_config.image_size, speaker_config.num_channels, list(config.listener_cnn_channels)
-            )
-        else:
-            image_encoder = PrecomputedFeatureEncoder(speaker_config.image_feature_size)
+        image_encoder = build_image_encoder(speaker_config, cnn_channels=config.listener_cnn_channels)
         super().__init__(
             image_encoder, speaker_config.word_embedding_size, config.listener_hidden_size, config.joint_embedding_size
         )
@@ -102,6 +97,7 @@ class Listener(CaptionImageEmbedding):
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
         caption_mask: torch.Tensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
         """
         [`embed_captions`] and [`embed_images`] in one call, so that a DDP wrapper of the listener synchronises the
@@ -112,7 +108,7 @@ class Listener(CaptionImageEmbedding):
             joint_embedding_size)`; `caption_embeddings @ image_embeddings.T` are their cosine similarities.
         """
         caption_embeddings = self.embed_captions(captions, word_embeddings, caption_mask)
-        return caption_embeddings, self.embed_images(pixel_values, image_features)
+        return caption_embeddings, self.embed_images(pixel_values, image_features, image_feature_mask)
 
 
 class SpeakerListenerPreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
@@ -145,9 +141,17 @@ class SpeakerListener(WrappedCaptionerMixin, DetachableNetworkMixin, SpeakerList
 
     def __init__(self, config: SpeakerListenerConfig):
         super().__init__(config)
-        self.speaker = ShowTellRL(config.speaker_config)
+        speaker_config = config.speaker_config
+        # read before the speaker loads its pretrained backbone (and records that its weights are now its own)
+        loads_pretrained_backbone = (
+            speaker_config.encoder_type == "backbone" and speaker_config.use_pretrained_backbone
+        )
+        self.speaker = ShowTellRL(speaker_config)
         self.listener = Listener(config)
         self.post_init()
+        if loads_pretrained_backbone:
+            # after post_init, which would otherwise re-initialise the pretrained weights
+            self.listener.image_encoder.load_pretrained_backbone(speaker_config.backbone)
         self._freeze_listener_image_encoder()
 
     def _freeze_listener_image_encoder(self) -> None:
@@ -164,25 +168,26 @@ class SpeakerListener(WrappedCaptionerMixin, DetachableNetworkMixin, SpeakerList
         image encoder starts as a copy of it and stays fixed: the listener then learns a linear map of fixed
         pretrained features, as in Vered et al. 2019, where both networks read a pretrained ResNet. A listener that
         learns its CNN from scratch beside a GRU needs many epochs before its recall leaves chance (on shapes: batch
-        R@1 still about 0.03 after 150 steps, against 0.15-0.25 with the copied encoder). The copy is the listener's
-        own, so the two networks share no trainable weights.
+        R@1 still about 0.03 after 150 steps, against 0.15-0.25 with the copied encoder). A speaker's vision backbone
+        is copied too (frozen or fine-tuned as the speaker's `freeze_backbone` says), so that the listener starts from
+        its pretrained weights. The copy is the listener's own, so the two networks share no trainable weights.
 
         Args:
             speaker ([`ShowTellRL`]): the captioner to start from; left unchanged.
             listener_kwargs: the listener's fields of [`SpeakerListenerConfig`] (`joint_embedding_size`, ...).
         """
         speaker_config = speaker.config
-        copies_encoder = (
+        copies_fixed_cnn = (
             speaker_config.encoder_type == "cnn"
             and speaker_config.freeze_image_encoder
             and listener_kwargs.get("listener_cnn_channels", speaker_config.cnn_channels)
             == speaker_config.cnn_channels
         )
-        listener_kwargs.setdefault("freeze_listener_image_encoder", copies_encoder)
+        listener_kwargs.setdefault("freeze_listener_image_encoder", copies_fixed_cnn)
         model = cls(SpeakerListenerConfig(speaker_config=copy.deepcopy(speaker_config), **listener_kwargs))
         model.speaker.load_state_dict(speaker.state_dict())
         model.speaker.generation_config = copy.deepcopy(speaker.generation_config)
-        if copies_encoder:
+        if copies_fixed_cnn or speaker_config.encoder_type == "backbone":
             model.listener.image_encoder.load_state_dict(speaker.image_encoder.state_dict())
         return model.to(speaker.device)
 
@@ -214,16 +219,20 @@ class SpeakerListener(WrappedCaptionerMixin, DetachableNetworkMixin, SpeakerList
         return self.listener.embed_captions(captions[:, 1:], self.get_input_embeddings(), caption_mask)
 
     def embed_images(
-        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> torch.FloatTensor:
         """The listener's embeddings of images, `(num_images, joint_embedding_size)`: see [`Listener.embed_images`]."""
-        return self.listener.embed_images(pixel_values, image_features)
+        return self.listener.embed_images(pixel_values, image_features, image_feature_mask)
 
     def rank_images(
         self,
         captions: torch.LongTensor,
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> torch.FloatTensor:
         """
         The listener's cosine similarity `Φ(w, I)` of every caption with every image: sort a row to rank the images
@@ -233,14 +242,17 @@ class SpeakerListener(WrappedCaptionerMixin, DetachableNetworkMixin, SpeakerList
             captions (`torch.LongTensor` of shape `(num_captions, length)`):
                 Captions as `generate` returns them: `<bos>` first, padded after the end token.
             pixel_values (`torch.FloatTensor` of shape `(num_images, num_channels, height, width)`, *optional*):
-                The images, for a `"cnn"` speaker.
-            image_features (`torch.FloatTensor` of shape `(num_images, image_feature_size)`, *optional*):
+                The images, for a `"cnn"` or `"backbone"` speaker.
+            image_features (`torch.FloatTensor` of shape `(num_images, image_feature_size)`, or `(num_images,
+            num_regions, image_feature_size)` for `image_feature_layout="grid"`, *optional*):
                 The images' precomputed features, for a `"features"` speaker.
+            image_feature_mask (`torch.LongTensor` of shape `(num_images, num_regions)`, *optional*):
+                1 for a real region, 0 for padding (grids and regions).
 
         Returns:
             `torch.FloatTensor` of shape `(num_captions, num_images)`.
         """
-        return self.embed_captions(captions) @ self.embed_images(pixel_values, image_features).T
+        return self.embed_captions(captions) @ self.embed_images(pixel_values, image_features, image_feature_mask).T
 
     @property
     def listener_is_detached(self) -> bool:

@@ -1,6 +1,6 @@
 """VisualSemanticEmbedding: the caption-image embedding whose cosine is Ren et al.'s reward."""
 
-from .configuration_visual_semantic_embedding import JOINT_EMBEDDING_ENCODER_TYPES, VisualSemanticEmbeddingConfig
+from .configuration_visual_semantic_embedding import VisualSemanticEmbeddingConfig
 from .modeling_visual_semantic_embedding import (
     CaptionImageEmbedding,
     VisualSemanticEmbedding,
@@ -8,7 +8,6 @@ from .modeling_visual_semantic_embedding import (
 )
 
 __all__ = [
-    "JOINT_EMBEDDING_ENCODER_TYPES",
     "CaptionImageEmbedding",
     "VisualSemanticEmbedding",
     "VisualSemanticEmbeddingConfig",

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-__all__ = ["JOINT_EMBEDDING_ENCODER_TYPES", "VisualSemanticEmbeddingConfig"]
+from rlcaption.models.encoders import check_image_encoder_fields, resolve_backbone_config
 
-# The image encoders a joint-embedding network builds for itself: a small CNN trained from scratch (or copied from a
-# captioner's pretrained one), or a linear map of precomputed features. A vision backbone is not built a second time:
-# extract its features once instead.
-JOINT_EMBEDDING_ENCODER_TYPES = ("cnn", "features")
+__all__ = ["VisualSemanticEmbeddingConfig"]
 
 
 class VisualSemanticEmbeddingConfig(PretrainedConfig):
@@ -28,15 +25,32 @@ class VisualSemanticEmbeddingConfig(PretrainedConfig):
         joint_embedding_size (`int`, *optional*, defaults to 512):
             Width of the joint caption-image space.
         encoder_type (`str`, *optional*, defaults to `"cnn"`):
-            `"cnn"` (a small CNN, see [`ConvImageEncoder`]) or `"features"` (precomputed `image_features`).
+            `"cnn"` (a small CNN, see [`ConvImageEncoder`]), `"backbone"` (any `transformers` vision model, pooled
+            output) or `"features"` (precomputed `image_features`).
         image_size (`int`, *optional*, defaults to 64):
             Side of the square input images (`"cnn"` encoder).
         num_channels (`int`, *optional*, defaults to 3):
             Input image channels (`"cnn"` encoder).
         cnn_channels (`list[int]`, *optional*, defaults to `[32, 64, 64, 64]`):
             Output channels of the CNN blocks; each block halves the image side.
+        backbone (`str`, *optional*):
+            Hub id or local folder of a `transformers` vision model (`"backbone"` encoder). Its config is read at
+            once and stored in `backbone_config`.
+        backbone_config (`dict`, *optional*):
+            Config of the vision backbone as a dict with its `model_type` (`"backbone"` encoder); builds a randomly
+            initialised backbone when `use_pretrained_backbone` is False.
+        use_pretrained_backbone (`bool`, *optional*):
+            Load the weights of `backbone` when the model is built. Defaults to True when `backbone` is given. The
+            model sets it to False once the weights are part of it, so reloading a saved model downloads nothing.
+        freeze_backbone (`bool`, *optional*, defaults to `True`):
+            Keep the backbone's weights fixed (`"backbone"` encoder).
         image_feature_size (`int`, *optional*):
             Width of precomputed `image_features` (`"features"` encoder).
+        image_feature_layout (`str`, *optional*, defaults to `"pooled"`):
+            How precomputed `image_features` hold an image (`"features"` encoder): `"pooled"`, one vector per image
+            `(batch_size, image_feature_size)`; or `"grid"`, a fixed grid or regions `(batch_size, num_regions,
+            image_feature_size)` with an `image_feature_mask` `(batch_size, num_regions)`, 1 for a real region and 0
+            for padding; the image is then the mean of its real regions.
         freeze_image_encoder (`bool`, *optional*, defaults to `False`):
             Keep the CNN fixed, e.g. a captioner's pretrained encoder copied by
             [`VisualSemanticEmbedding.from_captioner`]: the image side is then a linear map of fixed pretrained
@@ -68,7 +82,12 @@ class VisualSemanticEmbeddingConfig(PretrainedConfig):
         image_size: int = 64,
         num_channels: int = 3,
         cnn_channels: list[int] | tuple[int, ...] = (32, 64, 64, 64),
+        backbone: str | None = None,
+        backbone_config: dict | None = None,
+        use_pretrained_backbone: bool | None = None,
+        freeze_backbone: bool = True,
         image_feature_size: int | None = None,
+        image_feature_layout: str = "pooled",
         freeze_image_encoder: bool = False,
         initializer_range: float = 0.02,
         pad_token_id: int = 0,
@@ -84,7 +103,14 @@ class VisualSemanticEmbeddingConfig(PretrainedConfig):
         self.image_size = image_size
         self.num_channels = num_channels
         self.cnn_channels = list(cnn_channels)
+        self.backbone = backbone
+        self.backbone_config = resolve_backbone_config(encoder_type, backbone, backbone_config)
+        self.use_pretrained_backbone = (
+            backbone is not None if use_pretrained_backbone is None else use_pretrained_backbone
+        )
+        self.freeze_backbone = freeze_backbone
         self.image_feature_size = image_feature_size
+        self.image_feature_layout = image_feature_layout
         self.freeze_image_encoder = freeze_image_encoder
         self.initializer_range = initializer_range
         kwargs["tie_word_embeddings"] = False  # no output projection over the vocabulary to tie
@@ -103,24 +129,4 @@ class VisualSemanticEmbeddingConfig(PretrainedConfig):
                     f"VisualSemanticEmbeddingConfig.{name}={token_id!r} is not a token id of a vocabulary of size "
                     f"{self.vocab_size}; take the ids from the processor's tokenizer."
                 )
-        if self.encoder_type not in JOINT_EMBEDDING_ENCODER_TYPES:
-            raise ValueError(
-                f"VisualSemanticEmbeddingConfig.encoder_type={self.encoder_type!r} is not one of "
-                f"{JOINT_EMBEDDING_ENCODER_TYPES}; for a vision backbone, extract features once (`rlcaption "
-                "extract-features`) and use encoder_type='features'."
-            )
-        if self.encoder_type == "cnn":
-            channels = self.cnn_channels
-            if not channels or any(not isinstance(c, int) or c < 1 for c in channels):
-                raise ValueError(f"cnn_channels must be a non-empty list of positive ints, got {channels!r}.")
-            reduction = 2 ** len(channels)
-            if self.image_size % reduction != 0:
-                raise ValueError(
-                    f"image_size={self.image_size} must be divisible by {reduction} (each of the {len(channels)} CNN "
-                    "blocks halves the side); change image_size or cnn_channels."
-                )
-        elif not isinstance(self.image_feature_size, int) or self.image_feature_size < 1:
-            raise ValueError(
-                "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "
-                f"got {self.image_feature_size!r}."
-            )
+        check_image_encoder_fields(self, "VisualSemanticEmbeddingConfig")

@@ -2,10 +2,11 @@
 Learning-based Image Captioning with Embedding Reward") as a `transformers` model.
 
 A caption `S` is embedded by word embeddings, a GRU and a linear map of its last state `h_T(S)`; an image by a linear
-map `l_e` of its features `f_I`; both are L2-normalised, so the dot product of a caption and an image embedding is
-Ren et al.'s reward `cos(h_T(S), l_e(f_I))` (Shi et al. 2018, eq. 6). The network is [`CaptionImageEmbedding`], which
-Vered et al.'s listener ([`Listener`]) is too: the listener reads the speaker's word embeddings, this model has its
-own.
+map `l_e` of its features `f_I` (from a CNN, a `transformers` vision backbone, or precomputed features: pooled vectors,
+or the masked mean of a grid or of regions); both are L2-normalised, so the dot product of a caption and an image
+embedding is Ren et al.'s reward `cos(h_T(S), l_e(f_I))` (Shi et al. 2018, eq. 6). The network is
+[`CaptionImageEmbedding`], which Vered et al.'s listener ([`Listener`]) is too: the listener reads the speaker's word
+embeddings, this model has its own.
 
 The interface is that of `transformers.CLIPModel` (`get_text_features`, `get_image_features`), so the CLIP tools of
 `rlcaption.metrics.clip` (embedding, retrieval) work on it. Train it with
@@ -21,7 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from rlcaption.models.encoders import ConvImageEncoder, build_image_encoder, init_cnn_and_gru_weights
+from rlcaption.models.encoders import build_image_encoder, image_encoder_arguments, init_cnn_and_gru_weights
 from rlcaption.models.hub_errors import HubUploadErrorsMixin
 
 from .configuration_visual_semantic_embedding import VisualSemanticEmbeddingConfig
@@ -36,8 +37,9 @@ class CaptionImageEmbedding(nn.Module):
     embeddings are L2-normalised, so their dot product is their cosine similarity.
 
     Args:
-        image_encoder (`nn.Module`): a [`ConvImageEncoder`] (reads `pixel_values`) or a [`PrecomputedFeatureEncoder`]
-            (reads `image_features`), with its `output_size`.
+        image_encoder (`nn.Module`): an encoder of `rlcaption.models.encoders` (see [`build_image_encoder`]): a
+            [`ConvImageEncoder`] or [`BackboneImageEncoder`] (reads `pixel_values`) or a [`PrecomputedFeatureEncoder`]
+            (reads `image_features` and `image_feature_mask`), with its `output_size`.
         word_embedding_size (`int`): width of the word vectors the GRU reads.
         hidden_size (`int`): state size of the GRU.
         joint_embedding_size (`int`): width of the joint space.
@@ -77,26 +79,30 @@ class CaptionImageEmbedding(nn.Module):
         return F.normalize(self.caption_projection(last_state[0]), dim=-1)
 
     def embed_images(
-        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> torch.FloatTensor:
         """
         Embeds images with this network's own encoder.
 
         Args:
             pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
-                Images, for a CNN encoder.
-            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
+                Images, for a CNN or vision backbone encoder.
+            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, or `(batch_size,
+            num_regions, image_feature_size)` for grids and regions, *optional*):
                 Precomputed features, for a features encoder.
+            image_feature_mask (`torch.LongTensor` of shape `(batch_size, num_regions)`, *optional*):
+                1 for a real region, 0 for padding; an image is the mean of its real regions.
 
         Returns:
             `torch.FloatTensor` of shape `(batch_size, joint_embedding_size)`, of unit norm.
         """
-        reads_pixels = isinstance(self.image_encoder, ConvImageEncoder)
-        images = pixel_values if reads_pixels else image_features
-        if images is None:
-            expected = "pixel_values" if reads_pixels else "image_features"
-            raise ValueError(f"This network's image encoder reads {expected}: pass them.")
-        features = self.image_encoder(images.to(self.image_projection.weight.dtype))  # (B, F)
+        arguments = image_encoder_arguments(
+            self.image_encoder, pixel_values, image_features, image_feature_mask, self.image_projection.weight.dtype
+        )
+        features = self.image_encoder(*arguments)  # (B, F)
         return F.normalize(self.image_projection(features), dim=-1)
 
 
@@ -144,6 +150,11 @@ class VisualSemanticEmbedding(VisualSemanticEmbeddingPreTrainedModel):
             build_image_encoder(config), config.word_embedding_size, config.hidden_size, config.joint_embedding_size
         )
         self.post_init()
+        if config.encoder_type == "backbone" and config.use_pretrained_backbone:
+            # after post_init, which would otherwise re-initialise the pretrained weights
+            self.embedding.image_encoder.load_pretrained_backbone(config.backbone)
+            # the weights are now part of this model: a saved copy must not download them again
+            config.use_pretrained_backbone = False
         self._freeze_image_encoder()
 
     def _freeze_image_encoder(self) -> None:
@@ -164,27 +175,30 @@ class VisualSemanticEmbedding(VisualSemanticEmbeddingPreTrainedModel):
 
         When the captioner's CNN is fixed (pretrained, e.g. on the shapes scene annotations), the embedding's CNN
         starts as a copy of it and stays fixed, so that `l_e` maps fixed pretrained features, as in Ren et al. 2017.
-        The copy is the embedding's own.
+        A captioner's vision backbone is copied too (frozen or fine-tuned as its `freeze_backbone` says), and its
+        precomputed features are read alike (pooled, or grids and regions). The copy is the embedding's own.
 
         Args:
-            captioner: a captioner with a `"cnn"` or `"features"` encoder; left unchanged.
+            captioner: a captioner with a `"cnn"`, `"backbone"` or `"features"` encoder; left unchanged.
             fields: the other fields of [`VisualSemanticEmbeddingConfig`] (`joint_embedding_size`, ...).
         """
         source = captioner.config
         fields = {
             "vocab_size": source.vocab_size, "encoder_type": source.encoder_type, "image_size": source.image_size,
             "num_channels": source.num_channels, "cnn_channels": source.cnn_channels,
-            "image_feature_size": source.image_feature_size, "pad_token_id": source.pad_token_id,
+            "image_feature_size": source.image_feature_size, "image_feature_layout": source.image_feature_layout,
+            "backbone": source.backbone, "backbone_config": source.backbone_config, "use_pretrained_backbone": False,
+            "freeze_backbone": source.freeze_backbone, "pad_token_id": source.pad_token_id,
             "bos_token_id": source.bos_token_id, "eos_token_id": source.eos_token_id, **fields,
         }  # fmt: skip
-        copies_encoder = (
+        copies_fixed_cnn = (
             source.encoder_type == "cnn"
             and source.freeze_image_encoder
             and list(fields["cnn_channels"]) == list(source.cnn_channels)
         )
-        fields.setdefault("freeze_image_encoder", copies_encoder)
+        fields.setdefault("freeze_image_encoder", copies_fixed_cnn)
         model = cls(VisualSemanticEmbeddingConfig(**fields))
-        if copies_encoder:
+        if copies_fixed_cnn or fields["encoder_type"] == "backbone":
             model.embedding.image_encoder.load_state_dict(captioner.image_encoder.state_dict())
         return model.to(captioner.device)
 
@@ -220,20 +234,27 @@ class VisualSemanticEmbedding(VisualSemanticEmbeddingPreTrainedModel):
         return BaseModelOutputWithPooling(pooler_output=embeddings)
 
     def get_image_features(
-        self, pixel_values: torch.FloatTensor | None = None, image_features: torch.FloatTensor | None = None
+        self,
+        pixel_values: torch.FloatTensor | None = None,
+        image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> BaseModelOutputWithPooling:
         """
         Args:
             pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
-                Images prepared by the model's processor (`"cnn"` encoder).
-            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
+                Images prepared by the model's processor (`"cnn"` and `"backbone"` encoders).
+            image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, or `(batch_size,
+            num_regions, image_feature_size)` with `image_feature_layout="grid"`, *optional*):
                 Precomputed features (`"features"` encoder).
+            image_feature_mask (`torch.LongTensor` of shape `(batch_size, num_regions)`, *optional*):
+                1 for a real region, 0 for padding (grids and regions).
 
         Returns:
             [`BaseModelOutputWithPooling`]: `pooler_output` `(batch_size, joint_embedding_size)` is `l_e(f_I)`,
             of unit norm.
         """
-        return BaseModelOutputWithPooling(pooler_output=self.embedding.embed_images(pixel_values, image_features))
+        embeddings = self.embedding.embed_images(pixel_values, image_features, image_feature_mask)
+        return BaseModelOutputWithPooling(pooler_output=embeddings)
 
     def forward(
         self,
@@ -241,13 +262,14 @@ class VisualSemanticEmbedding(VisualSemanticEmbeddingPreTrainedModel):
         pixel_values: torch.FloatTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         image_features: torch.FloatTensor | None = None,
+        image_feature_mask: torch.Tensor | None = None,
     ) -> torch.FloatTensor:
         """
         The cosine similarity of every caption with every image.
 
         Args:
             input_ids (`torch.LongTensor` of shape `(num_captions, length)`): see [`get_text_features`].
-            pixel_values, image_features: the images, see [`get_image_features`].
+            pixel_values, image_features, image_feature_mask: the images, see [`get_image_features`].
             attention_mask (`torch.Tensor` of shape `(num_captions, length)`, *optional*): 1 for tokens.
 
         Returns:
@@ -256,5 +278,5 @@ class VisualSemanticEmbedding(VisualSemanticEmbeddingPreTrainedModel):
         if input_ids is None:
             raise ValueError("VisualSemanticEmbedding.forward needs input_ids and the images.")
         captions = self.get_text_features(input_ids, attention_mask).pooler_output  # (N, J)
-        images = self.get_image_features(pixel_values, image_features).pooler_output  # (I, J)
+        images = self.get_image_features(pixel_values, image_features, image_feature_mask).pooler_output  # (I, J)
         return captions @ images.T

@@ -332,8 +332,6 @@ class SpeakerListenerCaptioner(ShowTellRLCaptioner):
     """
 
     family = "SpeakerListener"
-    # its listener reads pooled features only: no region mask
-    image_input_names = ("pixel_values", "image_features")
 
     @classmethod
     def handles(cls, model: nn.Module) -> bool:
@@ -355,8 +353,6 @@ class PolicyNetworkCaptioner(ShowTellRLCaptioner):
     """
 
     family = "PolicyValueCaptioner"
-    # its value network reads pooled features only: no region mask
-    image_input_names = ("pixel_values", "image_features")
 
     @classmethod
     def handles(cls, model: nn.Module) -> bool:

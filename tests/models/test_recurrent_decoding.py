@@ -99,9 +99,10 @@ def test_every_recurrent_captioner_decodes_regions_as_generate_does(wrapper, ima
         ),
     }[wrapper]()
     features = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(1))
-    image_inputs = {"image_features": features}
-    if wrapper == "show_tell":  # the wrappers' other networks read pooled features only
-        image_inputs["image_feature_mask"] = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    image_inputs = {
+        "image_features": features,
+        "image_feature_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]),
+    }
     fast, reference = generate_both_ways(model, image_inputs, SETTINGS[setting])
     assert torch.equal(fast, reference)
 

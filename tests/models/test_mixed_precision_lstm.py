@@ -66,3 +66,23 @@ def test_a_bf16_training_step_runs_where_onednn_is_limited_to_avx2(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_one_step_of_the_fused_cell_is_the_lstm_over_a_sequence_of_one(num_layers):
+    torch.manual_seed(0)
+    lstm = MixedPrecisionLSTM(6, 5, num_layers=num_layers, dropout=0.5 if num_layers > 1 else 0.0, batch_first=True)
+    inputs = torch.randn(3, 6, requires_grad=True)
+    state = (torch.randn(num_layers, 3, 5), torch.randn(num_layers, 3, 5))
+    lstm.eval()
+    outputs, (hidden, cell) = lstm(inputs[:, None], state)
+    top, (step_hidden, step_cell) = lstm.step(inputs, state)
+    torch.testing.assert_close(top, outputs[:, 0])
+    torch.testing.assert_close(step_hidden, hidden)
+    torch.testing.assert_close(step_cell, cell)
+    gradients = [torch.autograd.grad(output.sum(), [inputs, lstm.weight_hh_l0]) for output in (outputs, top)]
+    for sequence_gradient, step_gradient in zip(*gradients, strict=True):
+        torch.testing.assert_close(step_gradient, sequence_gradient)
+    if num_layers > 1:  # training mode: dropout between the layers, as nn.LSTM applies it
+        lstm.train()
+        assert not torch.allclose(lstm.step(inputs, state)[0], top)

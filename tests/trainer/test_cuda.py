@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from objective_steps import case_id, make_step_trainer
+from transformers import GenerationConfig
 
 from rlcaption import CaptionProcessor, ShowTellRL
+from rlcaption.captioners import Captioner, captioner_for
 from rlcaption.data import load_shapes
-from rlcaption.decoding import generate_captions
+from rlcaption.decoding import evaluation_mode, generate_captions
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -83,3 +85,23 @@ def test_greedy_captions_on_the_gpu_equal_those_on_the_cpu(tmp_path):
         inputs = {"pixel_values": pixel_values.to(device)}
         captions[device] = generate_captions(model, processor, inputs, do_sample=False, num_beams=1).texts
     assert captions["cuda"] == captions["cpu"]
+
+
+def test_the_decoding_loop_samples_on_the_gpu_as_generate_does(tmp_path):
+    processor = CaptionProcessor.from_pretrained(WARM_START)
+    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
+        "image"
+    ]
+    inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}
+    model = ShowTellRL.from_pretrained(WARM_START).cuda()
+    captioner = captioner_for(model)
+    sampling = GenerationConfig(
+        do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=5, max_new_tokens=20
+    )
+    sequences = []
+    for call in (captioner._call_generate, lambda *args: Captioner._call_generate(captioner, *args)):
+        captioner._call_generate = call
+        torch.manual_seed(0)
+        with evaluation_mode(model):
+            sequences.append(captioner.generate(inputs, sampling))
+    assert torch.equal(*sequences)

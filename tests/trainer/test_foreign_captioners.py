@@ -176,6 +176,21 @@ def test_captioner_trains_and_evaluates(
     assert math.isfinite(metrics["eval_CIDEr"]) and 0.0 <= metrics["eval_Bleu_4"] <= 1.0
 
 
+def test_mixed_precision_covers_sampling_and_scoring_of_a_foreign_captioner(
+    tiny_processor, train_captions, tiny_shapes, tmp_path
+):
+    model, processor = build_captioner("blip", tiny_processor, train_captions)
+    trainer = make_trainer(model, processor, tiny_shapes, tmp_path, objective="scst", bf16=True, max_steps=1)
+    vision_output_dtypes = []  # of a linear layer's output: autocast computes it in bf16 (a layer norm's in float32)
+    model.vision_model.encoder.layers[0].mlp.fc1.register_forward_hook(
+        lambda module, args, output: vision_output_dtypes.append(output.dtype)
+    )
+    trainer.train()
+    # sampling (BLIP's generate calls its vision model directly), the greedy baseline and the scoring pass
+    assert len(vision_output_dtypes) == 3
+    assert set(vision_output_dtypes) == {torch.bfloat16}
+
+
 def test_scst_scores_samples_under_the_distribution_that_sampled_them(
     tiny_processor, tiny_shapes, tmp_path, monkeypatch
 ):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModel
 from transformers import initialization as init
@@ -483,3 +484,33 @@ class MixedPrecisionLSTM(nn.LSTM):
         )
         with torch.autocast("cpu", enabled=False):
             return super().forward(input.float(), None if hx is None else tuple(state.float() for state in hx))
+
+    def step(
+        self, inputs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """
+        One time step through every layer with `torch.lstm_cell` (the kernel of `nn.LSTMCell`) on the same weights:
+        the same function as `forward` over a sequence of one, up to rounding. A one-step call of cuDNN's sequence RNN
+        costs the host several times what the fused cell's launches cost (its backward about ten times), and a
+        decoder that attends at every token makes one call per token, in sampling and in teacher forcing alike.
+
+        Args:
+            inputs (`torch.Tensor` of shape `(batch_size, input_size)`): one input per sequence.
+            state (`tuple` of two `torch.Tensor` of shape `(num_layers, batch_size, hidden_size)`): `(h, c)`.
+
+        Returns:
+            the top layer's output `(batch_size, hidden_size)` and the new `(h, c)`.
+        """
+        hidden, cell = state
+        next_hidden, next_cell = [], []
+        layer_input = inputs
+        for layer in range(self.num_layers):
+            biases = (getattr(self, f"bias_ih_l{layer}"), getattr(self, f"bias_hh_l{layer}")) if self.bias else ()
+            weights = (getattr(self, f"weight_ih_l{layer}"), getattr(self, f"weight_hh_l{layer}"))
+            layer_hidden, layer_cell = torch.lstm_cell(layer_input, (hidden[layer], cell[layer]), *weights, *biases)
+            next_hidden.append(layer_hidden)
+            next_cell.append(layer_cell)
+            is_last = layer == self.num_layers - 1
+            # nn.LSTM's dropout between layers, in training mode only
+            layer_input = layer_hidden if is_last else F.dropout(layer_hidden, self.dropout, self.training)
+        return layer_input, (torch.stack(next_hidden), torch.stack(next_cell))

@@ -463,6 +463,15 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         return optimizer
 
     # ------------------------------------------------------------------ loss and logging
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        """The mixed precision of `--bf16`/`--fp16` around the whole loss computation.
+
+        accelerate casts inside the model's `forward` only. An RL step also samples (`generate` calls a foreign
+        captioner's vision model and text decoder directly), computes rewards, runs auxiliary networks and calls
+        methods through [`forward_through`]: without this, all of that ran in float32.
+        """
+        return self.accelerator.autocast()
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         failure = None
         try:

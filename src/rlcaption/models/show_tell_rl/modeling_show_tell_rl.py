@@ -309,8 +309,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
                 )
             attention_output = state.attention_output.to(word_embeddings.device)
             word_embeddings = torch.cat([word_embeddings, attention_output], dim=-1)  # input feeding
-        outputs, (hidden, cell) = self.lstm(word_embeddings[:, None, :], (state.hidden, state.cell))
-        top = outputs[:, 0]  # (B, H)
+        top, (hidden, cell) = self.lstm.step(word_embeddings, (state.hidden, state.cell))  # (B, H)
         if self.config.image_attention:
             top = self._attend(top, state.image_grid, state.image_grid_mask)
             return top, ShowTellRLState(
@@ -364,6 +363,12 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         Returns the top-layer output `(B, T, H)` and the final `(hidden, cell)`. Outputs at padding positions are
         meaningless (they are never scored); every other output is exact.
         """
+        if inputs.shape[1] == 1:  # a decoding step: the fused cell, as the step-by-step decoders run it
+            top, (hidden, cell) = self.lstm.step(inputs[:, 0], state)
+            if step_mask is not None:
+                keep = step_mask[:, 0].view(1, -1, 1).to(hidden.device)
+                hidden, cell = torch.where(keep, hidden, state[0]), torch.where(keep, cell, state[1])
+            return top[:, None], (hidden, cell)
         if step_mask is None or bool(step_mask.all()):
             outputs, final_state = self.lstm(inputs, state)
             return outputs, final_state

@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py in its CPU form: a recipe in both precisions, the step budget and the throughput curve."""
 
 import json
+import re
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -10,10 +11,9 @@ def test_gpu_check_runs_on_the_cpu_and_reports_every_part(tmp_path, monkeypatch,
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import gpu_check
 
-    output = tmp_path / "gpu_check.json"
-    status = gpu_check.main(
-        ["--device", "cpu", "--recipes", "train_scst.py", "--warmup", "0", "--repeats", "1", "--output", str(output)]
-    )
+    output, profile = tmp_path / "gpu_check.json", tmp_path / "profile.txt"
+    arguments = ["--device", "cpu", "--recipes", "train_scst.py", "--warmup", "0", "--repeats", "1"]
+    status = gpu_check.main([*arguments, "--output", str(output), "--profile", str(profile)])
     assert status == 0
     results = json.loads(output.read_text())
     assert [(run["recipe"], run["precision"], run["ok"]) for run in results["recipes"]] == [
@@ -36,6 +36,10 @@ def test_gpu_check_runs_on_the_cpu_and_reports_every_part(tmp_path, monkeypatch,
     assert [row["images"] for row in results["curve"]] == [2, 4]
     printed = capsys.readouterr().out
     assert "| train_scst.py | bf16 | ok |" in printed and "of linear scaling" in printed
+    # the profile of an SCST step of each model: its operators by host time, and the host's waits
+    sections = re.split(r"^# ", profile.read_text(), flags=re.MULTILINE)[1:]
+    assert [section.split(",")[0] for section in sections] == ["ShowTellRL SCST step", "BLIP SCST step"]
+    assert all("host waits and copies" in section and "aten::" in section for section in sections)
 
 
 def test_a_failed_recipe_is_reported_with_its_error(tmp_path, monkeypatch):

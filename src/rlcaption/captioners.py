@@ -310,7 +310,9 @@ class ShowTellRLCaptioner(Captioner):
         return self.model
 
     def _call_generate(self, image_inputs, config):
-        if decodes_plainly(config):  # what RL training decodes with: the same captions without generate's overhead
+        # what RL training decodes with: the same captions without generate's overhead. Not under FSDP2, which
+        # gathers a sharded model's parameters in the methods registered for it (forward, generate) only.
+        if decodes_plainly(config) and not _is_fully_sharded(self.model):
             return decode_recurrent(self.recurrent_network, image_inputs, config)
         return super()._call_generate(image_inputs, config)
 

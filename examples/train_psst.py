@@ -8,8 +8,10 @@ published XE warm start:
 The XE captioner becomes the speaker of a new `SpeakerListener`; the speaker and its listener then minimise
 `λ · l_disc + (1 − λ) · l_nat` (`--psst_lambda`, 5e-3): the listener's VSE++ hardest-negative loss on the words the
 speaker passes (`--psst_mode st | psst | gumbel | st_gumbel | psst_gumbel | reinforce`, `--psst_rho` 0.25) and
-`−CIDEr-D` by self-critical REINFORCE. A new listener first learns alone from the fixed speaker's words for
-`--listener_pretraining_steps` (the hardest-negative hinge does not train a listener from scratch); its image
+`−CIDEr-D` by self-critical REINFORCE, both networks in every step or in turns (`--psst_schedule joint | alternating`,
+`--alternating_listener_steps`, `--alternating_speaker_steps`); the Gumbel modes' temperature is fixed or annealed
+(`--gumbel_temperature_schedule constant | annealed`). A new listener first learns alone from the fixed speaker's
+words for `--listener_pretraining_steps` (the hardest-negative hinge does not train a listener from scratch); its image
 encoder is a fixed copy of the XE speaker's scene-pretrained CNN. `--model_name_or_path` also takes a
 `SpeakerListener` checkpoint (e.g. one whose listener was warmed up by an earlier run).
 
@@ -60,6 +62,25 @@ class ScriptArguments(RecipeArguments):
     joint_embedding_size: int = field(default=256, metadata={"help": "Joint caption-image space of a new listener."})
 
 
+def _schedule_description(training_args) -> str:
+    if training_args.psst_schedule == "joint":
+        return "joint (speaker and listener learn in every step)"
+    return (
+        f"alternating: {training_args.alternating_listener_steps} listener step(s), then "
+        f"{training_args.alternating_speaker_steps} speaker step(s)"
+    )
+
+
+def _gumbel_temperature_description(training_args) -> str:
+    if training_args.gumbel_temperature_schedule == "constant":
+        return f"Gumbel temperature {training_args.gumbel_temperature:g}"
+    return (
+        f"Gumbel temperature max({training_args.gumbel_min_temperature:g}, {training_args.gumbel_temperature:g}"
+        f" · exp(−{training_args.gumbel_annealing_rate:g} t)), updated every "
+        f"{training_args.gumbel_annealing_interval} steps"
+    )
+
+
 def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
     mode = training_args.psst_mode
     return recipe_model_card(
@@ -74,11 +95,13 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
         training_settings={
             "start": f"`{script_args.model_name_or_path}`",
             "objective": f"`psst`, word passing `{mode}`"
-            + (f", ρ = {training_args.psst_rho:g}" if "psst" in mode else ""),
+            + (f", ρ = {training_args.psst_rho:g}" if "psst" in mode else "")
+            + (f", {_gumbel_temperature_description(training_args)}" if "gumbel" in mode else ""),
             "λ (listener loss weight)": f"{training_args.psst_lambda:g}",
             "naturalness reward": " + ".join(training_args.reward_funcs),
             "listener learning rate": f"{training_args.listener_learning_rate:g}",
             "listener warm-up steps (speaker fixed)": training_args.listener_pretraining_steps,
+            "schedule": _schedule_description(training_args),
             "epochs": f"{training_args.num_train_epochs:g}",
             "learning rate": f"{training_args.learning_rate:g}",
         },

@@ -18,9 +18,10 @@ encoder is a fixed copy of the XE speaker's scene-pretrained CNN. `--model_name_
 The test split is scored at the end: the consensus metrics and scene grounding of the speaker's captions (beam search,
 `--eval_num_beams`), the evaluator CLIP's retrieval with `--eval_clip` (so that a private speaker-listener code does
 not pass for a good caption), and the listener's recall `listener_R@1/5/10` of each test image among the whole split
-from its speaker's greedy caption. The output folder gets the SpeakerListener (speaker and trained listener), its
-processor, a model card and `eval_results.json`. A run whose `--output_dir` holds a complete checkpoint resumes from
-it; `--push_to_hub --hub_model_id org/name` publishes the folder.
+from the same beam-search captions; with more than one beam, the greedy captions are scored on the same axes too
+(`greedy_CIDEr`, `greedy_listener_R@10`, `greedy_t2i_R@10`, ...). The output folder gets the SpeakerListener (speaker
+and trained listener), its processor, a model card and `eval_results.json`. A run whose `--output_dir` holds a complete
+checkpoint resumes from it; `--push_to_hub --hub_model_id org/name` publishes the folder.
 """
 
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from rlcaption.recipes import (
     recipe_model_card,
     train_and_finish,
 )
+from rlcaption.rl_config import split_eval_metrics
 
 # The paper's λ and ρ, and the demo's RL schedule for the shapes warm start.
 RECIPE_DEFAULTS = {
@@ -130,9 +132,25 @@ def main(argv=None):
     dataset = load_recipe_dataset(script_args)
 
     def listener_scores(test_split):
-        return listener_recall(
-            model.eval(), processor, test_split, batch_size=training_args.per_device_eval_batch_size
+        # the listener ranks the captions `trainer.evaluate` scored (its beams, its length), so that listener recall
+        # and CIDEr-D judge the same captions; greedy captions are scored on both axes too, keys `greedy_*`
+        decoding = {
+            "batch_size": training_args.per_device_eval_batch_size,
+            "max_new_tokens": training_args.max_caption_length,
+        }
+        scores = listener_recall(
+            model.eval(), processor, test_split, num_beams=training_args.eval_num_beams, **decoding
         )
+        if training_args.eval_num_beams > 1:
+            caption_metrics, _ = split_eval_metrics(training_args.eval_metrics)
+            greedy = listener_recall(
+                model.eval(), processor, test_split, num_beams=1, clip=training_args.eval_clip,
+                caption_metrics=caption_metrics, **decoding,
+            )  # fmt: skip
+            # the evaluator CLIP's caption-to-image recall, named as `trainer.evaluate` names it
+            greedy = {name.replace("clip_R@", "t2i_R@"): value for name, value in greedy.items()}
+            scores.update({f"greedy_{name}": value for name, value in greedy.items()})
+        return scores
 
     train_and_finish(model, processor, dataset, script_args, training_args, _model_card, listener_scores)
 

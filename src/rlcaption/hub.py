@@ -103,6 +103,15 @@ _DIVERSITY_AND_CLIP_METRICS.update(
         if "evaluator CLIP" in name
     }
 )
+# The scores of greedy captions beside those of beam search: a speaker-listener's listener recall and naturalness on
+# each decoding (Vered et al. 2019's trade-off, both axes on the same captions).
+_DIVERSITY_AND_CLIP_METRICS.update(
+    {
+        f"greedy_{key}": (metric_type, f"{name} (greedy decoding)")
+        for key, (metric_type, name) in {**_CAPTION_METRICS, **_DIVERSITY_AND_CLIP_METRICS}.items()
+        if key in _CAPTION_METRICS or key.startswith(("listener_R@", "t2i_R@"))
+    }
+)
 # How well a policy-value captioner's value network predicts the rewards of captions sampled for the test images
 # (`rlcaption.objectives.actor_critic.value_explained_variance`, Ren et al. 2017).
 _VALUE_METRICS = {

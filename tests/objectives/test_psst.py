@@ -2,12 +2,12 @@ import math
 
 import pytest
 import torch
-from transformers import TrainerCallback
+from transformers import GenerationConfig, TrainerCallback
 
 import rlcaption.objectives.psst  # noqa: F401  (registers the `psst` objective)
 from rlcaption.data import CaptionCollator
-from rlcaption.evaluation import listener_recall
-from rlcaption.metrics import clip_retrieval
+from rlcaption.evaluation import caption_dataset, listener_recall
+from rlcaption.metrics import clip_retrieval, evaluate_captions
 from rlcaption.models import SpeakerListener
 from rlcaption.objectives.psst import (
     annealed_gumbel_temperature,
@@ -311,3 +311,35 @@ def test_rank_images_agrees_with_listener_recall_on_a_split(processor, shapes):
     clip_scores = clip_retrieval(list(split["image"]), texts, clip, ks=ks)
     for k in ks:
         assert scores[f"clip_R@{k}"] == pytest.approx(clip_scores[f"t2i_R@{k}"])
+
+
+def test_listener_recall_ranks_the_captions_whose_cider_the_trainer_reports(processor, shapes, tmp_path):
+    trainer = make_trainer(processor, shapes, tmp_path, eval_num_beams=3, eval_metrics=["cider"])
+    model = trainer.model.eval()
+    split = shapes["validation"]
+    ks = tuple(range(1, len(split)))
+    reported = trainer.evaluate(split, metric_key_prefix="test")
+    beam = listener_recall(
+        model, processor, split, ks=ks, num_beams=3, max_new_tokens=MAX_LENGTH, caption_metrics=["cider"]
+    )
+    # the same beam-3 captions on both axes: their CIDEr-D is the trainer's, their recall is theirs
+    assert beam["CIDEr"] == pytest.approx(reported["test_CIDEr"])
+    batch = CaptionCollator(processor, tokenize_references=False)(list(split))
+    with torch.no_grad():
+        captions = model.generate(pixel_values=batch["pixel_values"], num_beams=3, do_sample=False,
+                                  max_new_tokens=MAX_LENGTH)  # fmt: skip
+        similarities = model.rank_images(captions, batch["pixel_values"])  # (N, N)
+    texts = [text.strip() for text in processor.batch_decode(captions, skip_special_tokens=True)]
+    trainer_captions, _ = trainer.caption_dataset(split)
+    assert texts == [trainer_captions[image_id] for image_id in split["image_id"]]
+    ranks = (similarities >= similarities.diagonal()[:, None]).sum(dim=1) - 1
+    for k in ks:
+        assert beam[f"listener_R@{k}"] == pytest.approx(float((ranks < k).float().mean()))
+
+    greedy = listener_recall(
+        model, processor, split, num_beams=1, max_new_tokens=MAX_LENGTH, caption_metrics=["cider"]
+    )
+    greedy_captions, references = caption_dataset(
+        model, processor, split, generation_config=GenerationConfig(do_sample=False, max_new_tokens=MAX_LENGTH)
+    )
+    assert greedy["CIDEr"] == pytest.approx(evaluate_captions(greedy_captions, references, ["cider"])["CIDEr"])

@@ -145,6 +145,7 @@ def test_psst_recipe_trains_a_speaker_listener_on_one_and_two_processes(tmp_path
     assert config["model_type"] == "speaker_listener" and config["joint_embedding_size"] == 16
     card = (output_dir / "README.md").read_text()
     assert "Listener R@1 (caption to image)" in card and "Listener R@10 (caption to image) (greedy decoding)" in card
+    assert "Joint Optimization for Cooperative Image Captioning" in card  # Vered et al. 2019, the psst paper
 
 
 @pytest.mark.parametrize("num_processes", [1, TWO_PROCESSES_SLOW])

@@ -48,6 +48,15 @@ COLUMNS = (
     ("object_f1", "object F1"),
     ("parse_failure_share", "parse failures"),
 )
+# the same axes on the speaker's greedy captions (the columns above score its beam-3 captions, listener R@K included)
+GREEDY_COLUMNS = (
+    ("greedy_listener_R@1", "listener R@1"),
+    ("greedy_listener_R@10", "listener R@10"),
+    ("greedy_t2i_R@1", "evaluator t2i R@1"),
+    ("greedy_t2i_R@10", "evaluator t2i R@10"),
+    ("greedy_CIDEr", "CIDEr-D"),
+    ("greedy_Bleu_4", "BLEU-4"),
+)
 
 
 def _common(seed: int) -> list[str]:
@@ -192,6 +201,13 @@ def main() -> None:
         {**num_runs, "XE + warmed-up listener": len(start)},
     )
     print(f"\n{lambda_title}\n{lambda_table}")
+    greedy_keys = [key for key, _ in GREEDY_COLUMNS]
+    greedy_rows = {
+        name[key]: summarise(runs, greedy_keys) for key, runs in results.items() if key[2] == 0.25 or key[0] != "psst"
+    }
+    greedy_title = "The same runs' greedy captions, both axes on them"
+    greedy_table = markdown_table(greedy_rows, num_runs, GREEDY_COLUMNS)
+    print(f"\n{greedy_title}\n{greedy_table}")
     rho_rows = [name[key] for key in results if key[0] == "psst" and key[1] == args.rho_lambda]
     rho_title = f"ρ sweep of psst at λ={args.rho_lambda * 1e3:g}e-3"
     rho_table = table({row: rows[row] for row in sorted(rho_rows)}, num_runs)
@@ -222,7 +238,8 @@ def main() -> None:
     if args.card is not None:  # the checkpoint's card gets the three tables and the plot
         write_card_section(
             args.card, "Reproduction on shapes",
-            f"{lambda_title} (`{benchmark_command()}`):\n\n{lambda_table}\n\n{rho_title}:\n\n{rho_table}\n\n"
+            f"{lambda_title} (`{benchmark_command()}`), beam-3 captions:\n\n{lambda_table}\n\n"
+            f"{greedy_title}:\n\n{greedy_table}\n\n{rho_title}:\n\n{rho_table}\n\n"
             f"Listener R@10 at a fixed CIDEr-D, interpolated along each seed's λ curve:\n\n{fixed_table}",
             plot=args.plot, plot_caption="listener recall@10 against CIDEr-D over λ",
         )  # fmt: skip

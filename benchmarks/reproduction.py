@@ -3,10 +3,15 @@ What the reproduction benchmarks (`sle_reproduction.py`, `psst_reproduction.py`,
 `examples/` launched as a user would, once (a run whose `eval_results.json` exists is read, not trained again, so an
 interrupted reproduction continues where it stopped), and the runs of a row are summarised as mean ± standard
 deviation over seeds in a Markdown table.
+
+A run's folder holds `run_key.json` beside its results: the recipe, its command-line options and the code version
+(the git commit, else the package version) that made it. A folder made by another recipe, other options or other
+code is refused with the fields that differ, never read as this run's results.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -24,14 +29,96 @@ WARM_START = "checkpoints/show-tell-rl-shapes-xe"
 EVALUATOR_CLIP = "checkpoints/shapes-clip-evaluator"
 
 
+RUN_KEY_FILE = "run_key.json"
+
+
+def code_version() -> str:
+    """The code a run is made by: `git:<commit>` of this repository (`+dirty` with uncommitted changes to tracked
+    files), else `rlcaption <version>` of the installed package."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPOSITORY, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return f"rlcaption {importlib.metadata.version('rlcaption')}"
+    return f"git:{commit}" + ("+dirty" if changed else "")
+
+
+def run_key(recipe: str, options: Sequence[str]) -> dict[str, Any]:
+    """What makes a run's results: its recipe, its command-line options (all but `--output_dir`) and the code."""
+    return {"recipe": recipe, "options": list(options), "code": code_version()}
+
+
+def _option_values(options: Sequence[str]) -> dict[str, list[str]]:
+    """`["--a", "1", "--b", "x", "y"]` as `{"--a": ["1"], "--b": ["x", "y"]}`."""
+    values: dict[str, list[str]] = {}
+    flag = ""
+    for option in options:
+        if option.startswith("--"):
+            flag = option
+            values.setdefault(flag, [])
+        else:
+            values.setdefault(flag, []).append(option)
+    return values
+
+
+def _shown(values: list[str] | None) -> str:
+    return "(absent)" if values is None else " ".join(values) or "(no value)"
+
+
+def key_differences(cached: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """The fields in which the key of a cached run differs from the wanted one, each as `field: cached → wanted`."""
+    differences = [
+        f"{field}: {cached.get(field)!r} → {wanted[field]!r}"
+        for field in ("recipe", "code")
+        if cached.get(field) != wanted[field]
+    ]
+    cached_options, wanted_options = _option_values(cached.get("options", [])), _option_values(wanted["options"])
+    for flag in sorted(set(cached_options) | set(wanted_options)):
+        before, after = cached_options.get(flag), wanted_options.get(flag)
+        if before != after:
+            differences.append(f"option {flag}: {_shown(before)} → {_shown(after)}")
+    return differences
+
+
+def check_run_key(run_dir: Path, key: Mapping[str, Any]) -> None:
+    """
+    Refuses a run folder that another recipe, other options or other code made (its `run_key.json` differs from
+    `key`), and one with results but no key (nothing says what made them).
+
+    Raises:
+        `RuntimeError`: naming the differing fields and how to rerun.
+    """
+    key_file = run_dir / RUN_KEY_FILE
+    rerun = f"delete {run_dir} to rerun it, or give the benchmark another --output-dir"
+    if not key_file.is_file():
+        if (run_dir / "eval_results.json").is_file():
+            raise RuntimeError(
+                f"{run_dir} holds results but no {RUN_KEY_FILE}: nothing says which options and code made them, so "
+                f"they cannot be reused; {rerun}."
+            )
+        return
+    differences = key_differences(json.loads(key_file.read_text()), key)
+    if differences:
+        raise RuntimeError(f"{run_dir} was made by another run ({'; '.join(differences)}); {rerun}.")
+
+
 def run_recipe_once(recipe: str, run_dir: Path, options: Sequence[str]) -> dict[str, float]:
     """
     Runs `examples/<recipe> --output_dir <run_dir> <options>` on one core (its log in `run_dir/log.txt`) unless the
-    run's test scores exist, and returns them.
+    run's test scores exist, and returns them. The folder must have been made by this recipe with these options and
+    this code ([`check_run_key`]); a new run records them in `run_dir/run_key.json` before it starts.
     """
+    key = run_key(recipe, options)
+    check_run_key(run_dir, key)
     results = run_dir / "eval_results.json"
     if not results.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_KEY_FILE).write_text(json.dumps(key, indent=1))
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         command = [sys.executable, f"examples/{recipe}", "--output_dir", str(run_dir), *options]
         start = time.perf_counter()

@@ -23,7 +23,18 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from reproduction import EVALUATOR_CLIP, REPOSITORY, WARM_START, markdown_table, plot_to, run_recipe_once, summarise
+from reproduction import (
+    EVALUATOR_CLIP,
+    REPOSITORY,
+    RUN_KEY_FILE,
+    WARM_START,
+    check_run_key,
+    markdown_table,
+    plot_to,
+    run_key,
+    run_recipe_once,
+    summarise,
+)
 
 # method -> the recipe options that select it
 METHODS = {
@@ -56,6 +67,9 @@ def _common_options(seed: int, num_train_images: int) -> list[str]:
 
 def _score_warm_start(run_dir: Path, seed: int) -> dict[str, float]:
     """The XE warm start judged with the recipe's own evaluation (no training step)."""
+    options = _common_options(seed, 4000)
+    key = run_key("train_sle.py, its evaluation of the warm start without training", options)
+    check_run_key(run_dir, key)
     results = run_dir / "eval_results.json"
     if not results.is_file():
         sys.path.insert(0, str(REPOSITORY / "examples"))
@@ -67,13 +81,14 @@ def _score_warm_start(run_dir: Path, seed: int) -> dict[str, float]:
         os.chdir(REPOSITORY)
         script_args, args = parse_recipe_arguments(
             train_sle.ScriptArguments, train_sle.RECIPE_DEFAULTS,
-            ["--output_dir", str(run_dir), *_common_options(seed, 4000)],
+            ["--output_dir", str(run_dir), *options],
         )  # fmt: skip
         model, processor = load_pretrained_captioner(script_args.model_name_or_path)
         dataset = load_recipe_dataset(script_args)
         trainer = RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=dataset["train"])
         scores = trainer.evaluate(dataset["test"], metric_key_prefix="test")
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_KEY_FILE).write_text(json.dumps(key, indent=1))
         results.write_text(json.dumps({"test": {key.removeprefix("test_"): value for key, value in scores.items()}}))
     return json.loads(results.read_text())["test"]
 

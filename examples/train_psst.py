@@ -8,17 +8,20 @@ published XE warm start:
 The XE captioner becomes the speaker of a new `SpeakerListener`; the speaker and its listener then minimise
 `λ · l_disc + (1 − λ) · l_nat` (`--psst_lambda`, 5e-3): the listener's VSE++ hardest-negative loss on the words the
 speaker passes (`--psst_mode st | psst | gumbel | st_gumbel | psst_gumbel | reinforce`, `--psst_rho` 0.25) and
-`−CIDEr-D` by self-critical REINFORCE. A new listener first learns alone from the fixed speaker's words for
-`--listener_pretraining_steps` (the hardest-negative hinge does not train a listener from scratch); its image
+`−CIDEr-D` by self-critical REINFORCE, both networks in every step or in turns (`--psst_schedule joint | alternating`,
+`--alternating_listener_steps`, `--alternating_speaker_steps`); the Gumbel modes' temperature is fixed or annealed
+(`--gumbel_temperature_schedule constant | annealed`). A new listener first learns alone from the fixed speaker's
+words for `--listener_pretraining_steps` (the hardest-negative hinge does not train a listener from scratch); its image
 encoder is a fixed copy of the XE speaker's scene-pretrained CNN. `--model_name_or_path` also takes a
 `SpeakerListener` checkpoint (e.g. one whose listener was warmed up by an earlier run).
 
 The test split is scored at the end: the consensus metrics and scene grounding of the speaker's captions (beam search,
 `--eval_num_beams`), the evaluator CLIP's retrieval with `--eval_clip` (so that a private speaker-listener code does
 not pass for a good caption), and the listener's recall `listener_R@1/5/10` of each test image among the whole split
-from its speaker's greedy caption. The output folder gets the SpeakerListener (speaker and trained listener), its
-processor, a model card and `eval_results.json`. A run whose `--output_dir` holds a complete checkpoint resumes from
-it; `--push_to_hub --hub_model_id org/name` publishes the folder.
+from the same beam-search captions; with more than one beam, the greedy captions are scored on the same axes too
+(`greedy_CIDEr`, `greedy_listener_R@10`, `greedy_t2i_R@10`, ...). The output folder gets the SpeakerListener (speaker
+and trained listener), its processor, a model card and `eval_results.json`. A run whose `--output_dir` holds a complete
+checkpoint resumes from it; `--push_to_hub --hub_model_id org/name` publishes the folder.
 """
 
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ from rlcaption.recipes import (
     recipe_model_card,
     train_and_finish,
 )
+from rlcaption.rl_config import split_eval_metrics
 
 # The paper's λ and ρ, and the demo's RL schedule for the shapes warm start.
 RECIPE_DEFAULTS = {
@@ -60,6 +64,25 @@ class ScriptArguments(RecipeArguments):
     joint_embedding_size: int = field(default=256, metadata={"help": "Joint caption-image space of a new listener."})
 
 
+def _schedule_description(training_args) -> str:
+    if training_args.psst_schedule == "joint":
+        return "joint (speaker and listener learn in every step)"
+    return (
+        f"alternating: {training_args.alternating_listener_steps} listener step(s), then "
+        f"{training_args.alternating_speaker_steps} speaker step(s)"
+    )
+
+
+def _gumbel_temperature_description(training_args) -> str:
+    if training_args.gumbel_temperature_schedule == "constant":
+        return f"Gumbel temperature {training_args.gumbel_temperature:g}"
+    return (
+        f"Gumbel temperature max({training_args.gumbel_min_temperature:g}, {training_args.gumbel_temperature:g}"
+        f" · exp(−{training_args.gumbel_annealing_rate:g} t)), updated every "
+        f"{training_args.gumbel_annealing_interval} steps"
+    )
+
+
 def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
     mode = training_args.psst_mode
     return recipe_model_card(
@@ -74,11 +97,13 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
         training_settings={
             "start": f"`{script_args.model_name_or_path}`",
             "objective": f"`psst`, word passing `{mode}`"
-            + (f", ρ = {training_args.psst_rho:g}" if "psst" in mode else ""),
+            + (f", ρ = {training_args.psst_rho:g}" if "psst" in mode else "")
+            + (f", {_gumbel_temperature_description(training_args)}" if "gumbel" in mode else ""),
             "λ (listener loss weight)": f"{training_args.psst_lambda:g}",
             "naturalness reward": " + ".join(training_args.reward_funcs),
             "listener learning rate": f"{training_args.listener_learning_rate:g}",
             "listener warm-up steps (speaker fixed)": training_args.listener_pretraining_steps,
+            "schedule": _schedule_description(training_args),
             "epochs": f"{training_args.num_train_epochs:g}",
             "learning rate": f"{training_args.learning_rate:g}",
         },
@@ -107,9 +132,25 @@ def main(argv=None):
     dataset = load_recipe_dataset(script_args)
 
     def listener_scores(test_split):
-        return listener_recall(
-            model.eval(), processor, test_split, batch_size=training_args.per_device_eval_batch_size
+        # the listener ranks the captions `trainer.evaluate` scored (its beams, its length), so that listener recall
+        # and CIDEr-D judge the same captions; greedy captions are scored on both axes too, keys `greedy_*`
+        decoding = {
+            "batch_size": training_args.per_device_eval_batch_size,
+            "max_new_tokens": training_args.max_caption_length,
+        }
+        scores = listener_recall(
+            model.eval(), processor, test_split, num_beams=training_args.eval_num_beams, **decoding
         )
+        if training_args.eval_num_beams > 1:
+            caption_metrics, _ = split_eval_metrics(training_args.eval_metrics)
+            greedy = listener_recall(
+                model.eval(), processor, test_split, num_beams=1, clip=training_args.eval_clip,
+                caption_metrics=caption_metrics, **decoding,
+            )  # fmt: skip
+            # the evaluator CLIP's caption-to-image recall, named as `trainer.evaluate` names it
+            greedy = {name.replace("clip_R@", "t2i_R@"): value for name, value in greedy.items()}
+            scores.update({f"greedy_{name}": value for name, value in greedy.items()})
+        return scores
 
     train_and_finish(model, processor, dataset, script_args, training_args, _model_card, listener_scores)
 

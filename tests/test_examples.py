@@ -140,9 +140,12 @@ def test_psst_recipe_trains_a_speaker_listener_on_one_and_two_processes(tmp_path
     scores = json.loads((output_dir / "eval_results.json").read_text())["test"]
     assert {"CIDEr", "object_f1", "listener_R@1", "listener_R@10"} <= set(scores)
     assert 0.0 <= scores["listener_R@1"] <= scores["listener_R@10"] <= 1.0
+    assert {"greedy_CIDEr", "greedy_listener_R@10"} <= set(scores)  # the greedy captions beside the beam-3 ones
     config = json.loads((output_dir / "config.json").read_text())
     assert config["model_type"] == "speaker_listener" and config["joint_embedding_size"] == 16
-    assert "Listener R@1 (caption to image)" in (output_dir / "README.md").read_text()
+    card = (output_dir / "README.md").read_text()
+    assert "Listener R@1 (caption to image)" in card and "Listener R@10 (caption to image) (greedy decoding)" in card
+    assert "Joint Optimization for Cooperative Image Captioning" in card  # Vered et al. 2019, the psst paper
 
 
 @pytest.mark.parametrize("num_processes", [1, TWO_PROCESSES_SLOW])

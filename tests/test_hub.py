@@ -4,7 +4,7 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from rlcaption.hub import caption_eval_results, publish_folder, render_model_card
+from rlcaption.hub import OBJECTIVE_CITATIONS, caption_eval_results, publish_folder, render_model_card
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
 
 SCORES = {"CIDEr": 1.25, "Bleu_4": 0.5, "ROUGE_L": 0.625, "METEOR": 0.375}
@@ -31,6 +31,7 @@ RENDER_FIELDS = dict(
     training_settings={"objective": "`spider_pg`", "rollouts per prefix (K)": 3},
     evaluation_summary="Beam search on the test split.",
     limitations="None known.",
+    objective="spider_pg",
 )
 
 
@@ -39,6 +40,55 @@ def render(**overrides):
 
 
 # ---------------------------------------------------------------- model cards
+
+
+# each method's paper by its title, as its card must cite it
+PAPER_TITLES = {
+    "xe": "Show and Tell: A Neural Image Caption Generator",
+    "scst": "Self-critical Sequence Training for Image Captioning",
+    "spider_pg": "Improved Image Captioning via Policy Gradient optimization of SPIDEr",
+    "sle": "Better Captioning with Sequence-Level Exploration",
+    "wtf": "Distinctive Image Captioning: Leveraging Ground Truth Captions in CLIP Guided Reinforcement Learning",
+    "actor_critic": "Deep Reinforcement Learning-based Image Captioning with Embedding Reward",
+    "psst": "Joint Optimization for Cooperative Image Captioning",
+}
+
+
+@pytest.mark.parametrize("objective", sorted(PAPER_TITLES))
+def test_model_card_cites_the_paper_of_the_objective_that_trained_it(objective):
+    card = render(objective=objective).text
+    assert PAPER_TITLES[objective] in card.split("## Citation", 1)[1]
+    for other, title in PAPER_TITLES.items():
+        if other != objective:
+            assert title not in card, other
+
+
+def test_every_objective_with_a_citation_has_its_title_checked():
+    assert set(OBJECTIVE_CITATIONS) == set(PAPER_TITLES)
+
+
+# the published captioners' cards and the objective that trained each
+PUBLISHED_CAPTIONERS = {
+    "policy-value-shapes-ac": "actor_critic",
+    "show-tell-rl-shapes-sle": "sle",
+    "show-tell-rl-shapes-spider-pg-cider": "spider_pg",
+    "show-tell-rl-shapes-wtf-rl": "wtf",
+    "show-tell-rl-shapes-xe": "xe",
+    "speaker-listener-shapes-psst": "psst",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_CAPTIONERS))
+def test_published_cards_cite_the_paper_of_their_objective(name):
+    repository = Path(__file__).resolve().parent.parent
+    citation = f"```bibtex\n{OBJECTIVE_CITATIONS[PUBLISHED_CAPTIONERS[name]]}\n```"
+    for card in (repository / "checkpoints" / name / "README.md", repository / "model_cards" / f"{name}.md"):
+        assert citation in card.read_text(encoding="utf-8").split("## Citation", 1)[1], card
+
+
+def test_model_card_refuses_an_objective_without_a_known_paper():
+    with pytest.raises(ValueError, match="OBJECTIVE_CITATIONS"):
+        render(objective="my_method")
 
 
 def test_model_card_carries_the_scores_in_its_metadata_and_its_table(tmp_path):

@@ -28,9 +28,11 @@ __all__ = [
     "HUB_CONNECTION_ERRORS",
     "HUB_PROBE_TIMEOUT",
     "MODEL_CARD_TEMPLATE",
+    "OBJECTIVE_CITATIONS",
     "caption_eval_results",
     "check_pretrained_reference",
     "hub_unreachable_reason",
+    "objective_citation",
     "parameter_count",
     "publish_folder",
     "render_model_card",
@@ -101,6 +103,15 @@ _DIVERSITY_AND_CLIP_METRICS.update(
         f"reward_clip_{key}": (metric_type, name.replace("(evaluator CLIP)", "(reward CLIP)"))
         for key, (metric_type, name) in _DIVERSITY_AND_CLIP_METRICS.items()
         if "evaluator CLIP" in name
+    }
+)
+# The scores of greedy captions beside those of beam search: a speaker-listener's listener recall and naturalness on
+# each decoding (Vered et al. 2019's trade-off, both axes on the same captions).
+_DIVERSITY_AND_CLIP_METRICS.update(
+    {
+        f"greedy_{key}": (metric_type, f"{name} (greedy decoding)")
+        for key, (metric_type, name) in {**_CAPTION_METRICS, **_DIVERSITY_AND_CLIP_METRICS}.items()
+        if key in _CAPTION_METRICS or key.startswith(("listener_R@", "t2i_R@"))
     }
 )
 # How well a policy-value captioner's value network predicts the rewards of captions sampled for the test images
@@ -194,6 +205,63 @@ def parameter_count(model: nn.Module) -> str:
     return f"{count / 1e6:.2f}M" if count >= 1e6 else f"{count / 1e3:.0f}k"
 
 
+# The paper of each training objective, the citation of the cards of the captioners it trains.
+OBJECTIVE_CITATIONS = {
+    "xe": """@inproceedings{vinyals2015show,
+  title     = {Show and Tell: A Neural Image Caption Generator},
+  author    = {Vinyals, Oriol and Toshev, Alexander and Bengio, Samy and Erhan, Dumitru},
+  booktitle = {Proceedings of the IEEE Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year      = {2015}
+}""",
+    "scst": """@inproceedings{rennie2017scst,
+  title     = {Self-critical Sequence Training for Image Captioning},
+  author    = {Rennie, Steven J. and Marcheret, Etienne and Mroueh, Youssef and Ross, Jerret and Goel, Vaibhava},
+  booktitle = {Proceedings of the IEEE Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year      = {2017}
+}""",
+    "spider_pg": """@inproceedings{liu2017spider,
+  title     = {Improved Image Captioning via Policy Gradient optimization of SPIDEr},
+  author    = {Liu, Siqi and Zhu, Zhenhai and Ye, Ning and Guadarrama, Sergio and Murphy, Kevin},
+  booktitle = {Proceedings of the IEEE International Conference on Computer Vision (ICCV)},
+  year      = {2017}
+}""",
+    "sle": """@inproceedings{chen2020sle,
+  title     = {Better Captioning with Sequence-Level Exploration},
+  author    = {Chen, Jia and Jin, Qin},
+  booktitle = {Proceedings of the IEEE/CVF Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year      = {2020}
+}""",
+    "wtf": """@misc{chaffin2024distinctive,
+  title  = {Distinctive Image Captioning: Leveraging Ground Truth Captions in CLIP Guided Reinforcement Learning},
+  author = {Chaffin, Antoine and Kijak, Ewa and Claveau, Vincent},
+  note   = {arXiv preprint},
+  year   = {2024}
+}""",
+    "actor_critic": """@inproceedings{ren2017embedding,
+  title     = {Deep Reinforcement Learning-based Image Captioning with Embedding Reward},
+  author    = {Ren, Zhou and Wang, Xiaoyu and Zhang, Ning and Lv, Xutao and Li, Li-Jia},
+  booktitle = {Proceedings of the IEEE Conference on Computer Vision and Pattern Recognition (CVPR)},
+  year      = {2017}
+}""",
+    "psst": """@inproceedings{vered2019joint,
+  title     = {Joint Optimization for Cooperative Image Captioning},
+  author    = {Vered, Gilad and Oren, Gal and Atzmon, Yuval and Chechik, Gal},
+  booktitle = {Proceedings of the IEEE/CVF International Conference on Computer Vision (ICCV)},
+  year      = {2019}
+}""",
+}
+
+
+def objective_citation(objective: str) -> str:
+    """The BibTeX entry of `objective`'s paper ([`OBJECTIVE_CITATIONS`]), as a captioner's card cites it."""
+    if objective not in OBJECTIVE_CITATIONS:
+        raise ValueError(
+            f"No paper is known for objective {objective!r}; the cards cite one of {sorted(OBJECTIVE_CITATIONS)}. "
+            "Add its BibTeX entry to `rlcaption.hub.OBJECTIVE_CITATIONS`."
+        )
+    return OBJECTIVE_CITATIONS[objective]
+
+
 def render_model_card(
     model: nn.Module,
     repo_id: str,
@@ -205,6 +273,7 @@ def render_model_card(
     training_settings: Mapping[str, object],
     evaluation_summary: str,
     limitations: str,
+    objective: str,
     dataset_split: str = "test",
     tags: Sequence[str] = (),
     license: str = "apache-2.0",
@@ -222,6 +291,8 @@ def render_model_card(
         dataset_type / dataset_name / dataset_split: where the scores come from.
         model_summary, training_summary, evaluation_summary, limitations: Markdown paragraphs of the card.
         training_settings: `{setting: value}` rows of the training table.
+        objective: the objective that trained it (`"scst"`, `"psst"`, ...); the card cites its paper
+            ([`objective_citation`]).
         tags: Hub tags added to the library's own.
         template_path: a Jinja Markdown template with a `{{ card_data }}` front matter (default: the library's).
 
@@ -258,6 +329,7 @@ def render_model_card(
         max_length=model.generation_config.max_length,
         training_summary=training_summary,
         training_settings=dict(training_settings),
+        citation=objective_citation(objective),
         evaluation_summary=evaluation_summary,
         dataset_name=dataset_name,
         dataset_split=dataset_split,

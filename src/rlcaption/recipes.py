@@ -381,6 +381,7 @@ def recipe_model_card(
             if script_args.dataset == "shapes"
             else "Inherits the biases of its training captions."
         ),
+        objective=training_args.objective,
         tags=tags,
     )
 

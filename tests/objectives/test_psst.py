@@ -2,13 +2,18 @@ import math
 
 import pytest
 import torch
+from transformers import GenerationConfig, TrainerCallback
 
 import rlcaption.objectives.psst  # noqa: F401  (registers the `psst` objective)
 from rlcaption.data import CaptionCollator
-from rlcaption.evaluation import listener_recall
-from rlcaption.metrics import clip_retrieval
+from rlcaption.evaluation import caption_dataset, listener_recall
+from rlcaption.metrics import clip_retrieval, evaluate_captions
 from rlcaption.models import SpeakerListener
-from rlcaption.objectives.psst import vse_hardest_negative_losses, vse_mean_violation_losses
+from rlcaption.objectives.psst import (
+    annealed_gumbel_temperature,
+    vse_hardest_negative_losses,
+    vse_mean_violation_losses,
+)
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
 from tiny_clips import make_shapes_clip
@@ -131,19 +136,96 @@ def test_listener_loss_reaches_the_speaker_through_the_words_except_in_reinforce
     assert terms.listener_losses.shape == (4,)
     terms.listener_losses.mean().backward()
     speaker = model.speaker
-    through_words = gradient_size(speaker.lstm) > 0 and gradient_size(speaker.lm_head) > 0
-    assert through_words == (mode != "reinforce")
-    assert gradient_size(speaker.image_encoder) > 0 or mode == "reinforce"
-    # the listener trains in every mode, and so do the speaker's word embeddings it reads
+    # the listener trains in every mode
     assert gradient_size(model.listener) > 0
-    assert gradient_size(speaker.word_embeddings) > 0
-    if mode != "reinforce":
+    if mode == "reinforce":
+        # REINFORCE trains the speaker by its reward alone: the listener's loss reaches no speaker parameter
+        assert all(p.grad is None or not p.grad.any() for p in speaker.parameters())
+    else:
+        # through the passed words, and through the word embeddings the listener reads
+        for part in (speaker.lstm, speaker.lm_head, speaker.image_encoder, speaker.word_embeddings):
+            assert gradient_size(part) > 0
         assert terms.speaker_policy_loss is None
         return
     # REINFORCE with the negated listener loss as reward is the speaker's only way to learn from the listener
     model.zero_grad()
     terms.speaker_policy_loss.backward()
     assert gradient_size(speaker.lstm) > 0 and gradient_size(speaker.lm_head) > 0
+
+
+class ParameterSnapshots(TrainerCallback):
+    """The speaker's and the listener's parameters after every optimizer step."""
+
+    def __init__(self, model):
+        self.model = model
+        self.snapshots = [self.snapshot()]
+
+    def snapshot(self):
+        return {
+            part: {name: tensor.clone() for name, tensor in getattr(self.model, part).state_dict().items()}
+            for part in ("speaker", "listener")
+        }
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.snapshots.append(self.snapshot())
+
+    def changed(self, step: int) -> set[str]:
+        """The networks whose parameters optimizer step `step` (1-based) changed."""
+        before, after = self.snapshots[step - 1], self.snapshots[step]
+        return {
+            part
+            for part in ("speaker", "listener")
+            if any(not torch.equal(before[part][name], after[part][name]) for name in before[part])
+        }
+
+
+@pytest.mark.parametrize("mode", ["psst", "reinforce"])
+def test_alternating_schedule_trains_only_the_network_whose_turn_it_is(processor, shapes, tmp_path, mode):
+    trainer = make_trainer(
+        processor, shapes, tmp_path, psst_lambda=0.5, psst_mode=mode, psst_schedule="alternating",
+        alternating_listener_steps=1, alternating_speaker_steps=2, max_steps=4,
+    )  # fmt: skip
+    snapshots = ParameterSnapshots(trainer.model)
+    trainer.add_callback(snapshots)
+    trainer.train()
+    turns = [snapshots.changed(step) for step in range(1, 5)]
+    assert turns == [{"listener"}, {"speaker"}, {"speaker"}, {"listener"}]
+    logged = [entry["speaker_turn"] for entry in trainer.state.log_history if "speaker_turn" in entry]
+    assert logged == [0.0, 1.0, 1.0, 0.0]
+
+
+def test_joint_schedule_trains_both_networks_in_every_step(processor, shapes, tmp_path):
+    trainer = make_trainer(processor, shapes, tmp_path, psst_lambda=0.5, psst_mode="psst", max_steps=2)
+    snapshots = ParameterSnapshots(trainer.model)
+    trainer.add_callback(snapshots)
+    trainer.train()
+    assert [snapshots.changed(step) for step in (1, 2)] == [{"speaker", "listener"}] * 2
+
+
+def test_annealed_gumbel_temperature_follows_jang_et_al_schedule():
+    # τ = max(0.5, exp(−r t)), updated every N steps
+    assert annealed_gumbel_temperature(0, rate=1e-3, interval=100) == 1.0
+    assert annealed_gumbel_temperature(99, rate=1e-3, interval=100) == 1.0
+    assert annealed_gumbel_temperature(100, rate=1e-3, interval=100) == pytest.approx(math.exp(-0.1))
+    assert annealed_gumbel_temperature(250, rate=1e-3, interval=100) == pytest.approx(math.exp(-0.2))
+    assert annealed_gumbel_temperature(10_000, rate=1e-3, interval=100) == 0.5
+    assert annealed_gumbel_temperature(0, initial_temperature=2.0, min_temperature=0.1) == 2.0
+
+
+def test_training_logs_the_annealed_gumbel_temperature_of_every_step(processor, shapes, tmp_path):
+    trainer = make_trainer(
+        processor, shapes, tmp_path, psst_lambda=0.5, psst_mode="st_gumbel", gumbel_temperature_schedule="annealed",
+        gumbel_annealing_rate=0.3, gumbel_annealing_interval=1, gumbel_min_temperature=0.6, max_steps=3,
+    )  # fmt: skip
+    trainer.train()
+    logged = [entry["gumbel_temperature"] for entry in trainer.state.log_history if "gumbel_temperature" in entry]
+    assert logged == pytest.approx([1.0, math.exp(-0.3), 0.6])
+
+
+def test_constant_gumbel_temperature_stays(processor, shapes, tmp_path):
+    trainer = make_trainer(processor, shapes, tmp_path, psst_lambda=0.5, psst_mode="gumbel", gumbel_temperature=0.7)
+    trainer.state.global_step = 10_000
+    assert trainer.objective.gumbel_temperature() == 0.7
 
 
 def test_psst_mode_passes_the_full_distribution_at_about_rho_of_the_steps(processor, shapes, tmp_path):
@@ -196,6 +278,12 @@ def test_psst_refuses_a_captioner_without_a_listener(processor, shapes, tmp_path
         (dict(psst_rho=-0.1), "psst_rho"),
         (dict(gumbel_temperature=0.0), "gumbel_temperature"),
         (dict(listener_learning_rate=0.0), "listener_learning_rate"),
+        (dict(gumbel_temperature_schedule="linear"), "gumbel_temperature_schedule"),
+        (dict(gumbel_annealing_interval=0), "gumbel_annealing_interval"),
+        (dict(gumbel_min_temperature=2.0), "gumbel_min_temperature"),
+        (dict(psst_schedule="turns"), "psst_schedule"),
+        (dict(psst_schedule="alternating", psst_lambda=0.0), "psst_lambda"),
+        (dict(alternating_speaker_steps=0), "alternating_speaker_steps"),
     ],
 )
 def test_config_rejects_bad_psst_fields(tmp_path, fields, message):
@@ -223,3 +311,35 @@ def test_rank_images_agrees_with_listener_recall_on_a_split(processor, shapes):
     clip_scores = clip_retrieval(list(split["image"]), texts, clip, ks=ks)
     for k in ks:
         assert scores[f"clip_R@{k}"] == pytest.approx(clip_scores[f"t2i_R@{k}"])
+
+
+def test_listener_recall_ranks_the_captions_whose_cider_the_trainer_reports(processor, shapes, tmp_path):
+    trainer = make_trainer(processor, shapes, tmp_path, eval_num_beams=3, eval_metrics=["cider"])
+    model = trainer.model.eval()
+    split = shapes["validation"]
+    ks = tuple(range(1, len(split)))
+    reported = trainer.evaluate(split, metric_key_prefix="test")
+    beam = listener_recall(
+        model, processor, split, ks=ks, num_beams=3, max_new_tokens=MAX_LENGTH, caption_metrics=["cider"]
+    )
+    # the same beam-3 captions on both axes: their CIDEr-D is the trainer's, their recall is theirs
+    assert beam["CIDEr"] == pytest.approx(reported["test_CIDEr"])
+    batch = CaptionCollator(processor, tokenize_references=False)(list(split))
+    with torch.no_grad():
+        captions = model.generate(pixel_values=batch["pixel_values"], num_beams=3, do_sample=False,
+                                  max_new_tokens=MAX_LENGTH)  # fmt: skip
+        similarities = model.rank_images(captions, batch["pixel_values"])  # (N, N)
+    texts = [text.strip() for text in processor.batch_decode(captions, skip_special_tokens=True)]
+    trainer_captions, _ = trainer.caption_dataset(split)
+    assert texts == [trainer_captions[image_id] for image_id in split["image_id"]]
+    ranks = (similarities >= similarities.diagonal()[:, None]).sum(dim=1) - 1
+    for k in ks:
+        assert beam[f"listener_R@{k}"] == pytest.approx(float((ranks < k).float().mean()))
+
+    greedy = listener_recall(
+        model, processor, split, num_beams=1, max_new_tokens=MAX_LENGTH, caption_metrics=["cider"]
+    )
+    greedy_captions, references = caption_dataset(
+        model, processor, split, generation_config=GenerationConfig(do_sample=False, max_new_tokens=MAX_LENGTH)
+    )
+    assert greedy["CIDEr"] == pytest.approx(evaluate_captions(greedy_captions, references, ["cider"])["CIDEr"])

@@ -13,9 +13,16 @@ A [`SpeakerListener`]'s speaker and listener minimise together (eq. 1)
   on the words the speaker passes while decoding with gradients ([`decode_with_word_passing`] in mode `psst_mode`):
   straight-through one-hots (`st`, ρ = 0), Gumbel-softmax vectors (`gumbel`, `st_gumbel`), or PSST's per-step mix of
   the full distribution (probability `psst_rho`) and the straight-through one-hot (`psst`, `psst_gumbel`). Its
-  gradient trains the listener and, through the words, the speaker. In `reinforce` mode the words carry no gradient:
-  the listener still trains on `l_disc`, and the speaker gets a REINFORCE term whose reward is each caption's negated
-  listener loss, with the mean reward of the batch's other captions as baseline.
+  gradient trains the listener and, through the words and the word embeddings the listener reads, the speaker. In
+  `reinforce` mode neither carries a gradient: the listener still trains on `l_disc`, and the speaker learns from it by
+  a REINFORCE term alone, whose reward is each caption's negated listener loss, with the mean reward of the batch's
+  other captions as baseline.
+
+Both networks learn in every step (`psst_schedule="joint"`), or in turns (`"alternating"`, as the paper trains its
+REINFORCE baseline): `alternating_listener_steps` steps where the listener alone learns `l_disc` from the fixed
+speaker's words, then `alternating_speaker_steps` where the speaker alone learns eq. 1 from the fixed listener. The
+Gumbel modes' temperature is fixed or annealed as Jang et al. 2017 anneal it, `τ = max(0.5, exp(−r t))`
+(`gumbel_temperature_schedule`), the "Gumbel temperature annealing" baseline of the paper.
 
 The listener is an auxiliary network of the trainer, with its own learning rate (`listener_learning_rate`). It lives
 in the [`SpeakerListener`], whose published checkpoints must hold it; this objective takes it out of the model's
@@ -27,12 +34,14 @@ weights, then from `auxiliary_networks.safetensors`, which hold the same values)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from ..decoding import evaluation_mode, forward_through, image_inputs_of
 from ..models.speaker_listener import SpeakerListener
@@ -41,10 +50,16 @@ from .policy_gradient import policy_gradient_loss
 from .scst import SCSTConfig, SCSTObjective
 from .word_passing import WORD_PASSING_MODES, decode_with_word_passing
 
+PSST_SCHEDULES = ("joint", "alternating")
+GUMBEL_TEMPERATURE_SCHEDULES = ("constant", "annealed")
+
 __all__ = [
+    "GUMBEL_TEMPERATURE_SCHEDULES",
+    "PSST_SCHEDULES",
     "DiscriminabilityTerms",
     "PSSTConfig",
     "PSSTObjective",
+    "annealed_gumbel_temperature",
     "vse_hardest_negative_losses",
     "vse_mean_violation_losses",
 ]
@@ -84,7 +99,48 @@ class PSSTConfig(SCSTConfig):
     )
     gumbel_temperature: float = field(
         default=1.0,
-        metadata={"help": "Temperature τ of the Gumbel-softmax in the `gumbel`, `st_gumbel` and `psst_gumbel` modes."},
+        metadata={
+            "help": "Temperature τ of the Gumbel-softmax in the `gumbel`, `st_gumbel` and `psst_gumbel` modes; the "
+            "starting temperature τ₀ of an annealed schedule."
+        },
+    )
+    gumbel_temperature_schedule: str = field(
+        default="constant",
+        metadata={
+            "help": "`constant` (τ = `gumbel_temperature` throughout) or `annealed`: Jang et al. 2017's schedule, "
+            "τ = max(`gumbel_min_temperature`, τ₀ · exp(−r · t)) at optimizer step t, with r "
+            "`gumbel_annealing_rate` and t rounded down to a multiple of `gumbel_annealing_interval`. `st_gumbel` "
+            "with `annealed` is Vered et al.'s 'Gumbel temperature annealing' baseline."
+        },
+    )
+    gumbel_annealing_rate: float = field(
+        default=1e-5,
+        metadata={"help": "r of the `annealed` Gumbel temperature schedule (Jang et al. 2017 use 1e-5 or 1e-4)."},
+    )
+    gumbel_annealing_interval: int = field(
+        default=500,
+        metadata={
+            "help": "Optimizer steps between updates of the `annealed` Gumbel temperature (Jang et al. 2017: 500 "
+            "or 1,000)."
+        },
+    )
+    gumbel_min_temperature: float = field(
+        default=0.5, metadata={"help": "The floor of the `annealed` Gumbel temperature (0.5 in Jang et al. 2017)."}
+    )
+    psst_schedule: str = field(
+        default="joint",
+        metadata={
+            "help": "`joint`: the speaker and the listener both learn in every step after the listener's warm-up. "
+            "`alternating`: they take turns, as in Vered et al.'s REINFORCE baseline: `alternating_listener_steps` "
+            "where only the listener learns (eq. 2 on the fixed speaker's words), then `alternating_speaker_steps` "
+            "where only the speaker learns (eq. 1 against the fixed listener), and again."
+        },
+    )
+    alternating_listener_steps: int = field(
+        default=1, metadata={"help": "Optimizer steps of each listener turn of `psst_schedule=alternating`."}
+    )
+    alternating_speaker_steps: int = field(
+        default=1, metadata={"help": "Optimizer steps of each speaker turn of `psst_schedule=alternating`."}
     )
     listener_pretraining_steps: int = field(
         default=0,
@@ -112,6 +168,34 @@ class PSSTConfig(SCSTConfig):
             raise ValueError(f"psst_rho is a probability and must be in [0, 1], got {self.psst_rho}.")
         if self.gumbel_temperature <= 0:
             raise ValueError(f"gumbel_temperature must be > 0, got {self.gumbel_temperature}.")
+        if self.gumbel_temperature_schedule not in GUMBEL_TEMPERATURE_SCHEDULES:
+            raise ValueError(
+                f"gumbel_temperature_schedule={self.gumbel_temperature_schedule!r} is not one of "
+                f"{GUMBEL_TEMPERATURE_SCHEDULES}."
+            )
+        if self.gumbel_annealing_rate < 0:
+            raise ValueError(f"gumbel_annealing_rate must be >= 0, got {self.gumbel_annealing_rate}.")
+        if self.gumbel_annealing_interval < 1:
+            raise ValueError(
+                f"gumbel_annealing_interval counts steps and must be >= 1, got {self.gumbel_annealing_interval}."
+            )
+        if not 0 < self.gumbel_min_temperature <= self.gumbel_temperature:
+            raise ValueError(
+                f"gumbel_min_temperature must be in (0, gumbel_temperature={self.gumbel_temperature}], got "
+                f"{self.gumbel_min_temperature}."
+            )
+        if self.psst_schedule not in PSST_SCHEDULES:
+            raise ValueError(f"psst_schedule={self.psst_schedule!r} is not one of {PSST_SCHEDULES}.")
+        if self.psst_schedule == "alternating" and self.psst_lambda == 0:
+            raise ValueError(
+                "psst_schedule='alternating' gives the listener turns of its own, but psst_lambda=0 never trains it "
+                "(that is `scst`); set psst_lambda > 0 or psst_schedule='joint'."
+            )
+        if self.alternating_listener_steps < 1 or self.alternating_speaker_steps < 1:
+            raise ValueError(
+                "alternating_listener_steps and alternating_speaker_steps must be >= 1, got "
+                f"{self.alternating_listener_steps} and {self.alternating_speaker_steps}."
+            )
         if self.listener_learning_rate <= 0:
             raise ValueError(f"listener_learning_rate must be > 0, got {self.listener_learning_rate}.")
         if self.listener_pretraining_steps < 0:
@@ -172,6 +256,22 @@ def vse_mean_violation_losses(similarities: torch.Tensor, margin: float = 1.0) -
     return (images_for_caption.sum(dim=1) + captions_for_image.sum(dim=0)) / (batch_size - 1)
 
 
+def annealed_gumbel_temperature(
+    step: int,
+    initial_temperature: float = 1.0,
+    rate: float = 1e-5,
+    interval: int = 500,
+    min_temperature: float = 0.5,
+) -> float:
+    """
+    Jang et al. 2017's annealed Gumbel-softmax temperature, `τ = max(τ_min, τ₀ · exp(−r · t))`, with `t` the
+    optimizer step rounded down to a multiple of `interval` (the temperature is updated every `interval` steps).
+    `τ₀ = 1`, `τ_min = 0.5` are theirs and Vered et al.'s, `τ = max(0.5, exp(−r t))`.
+    """
+    updated_at = step - step % interval
+    return max(min_temperature, initial_temperature * math.exp(-rate * updated_at))
+
+
 @dataclass
 class DiscriminabilityTerms:
     """
@@ -179,9 +279,10 @@ class DiscriminabilityTerms:
 
     Args:
         listener_losses (`torch.FloatTensor` of shape `(batch_size,)`):
-            [`vse_hardest_negative_losses`] of the listener's similarities. Its gradient trains the listener and the
-            speaker's word embeddings (which the listener reads), and the rest of the speaker through the passed
-            words, except in `reinforce` mode, where they carry none.
+            [`vse_hardest_negative_losses`] of the listener's similarities. Its gradient trains the listener (unless
+            it is fixed for the speaker's turn) and the speaker's word embeddings (which the listener reads), and the
+            rest of the speaker through the passed words, except in `reinforce` mode, where it reaches no speaker
+            parameter.
         speaker_policy_loss (`torch.FloatTensor` of shape `()`, *optional*):
             In `reinforce` mode only: the REINFORCE loss of the speaker's sampled words, rewarded by their negated
             listener losses.
@@ -210,7 +311,8 @@ class PSSTObjective(CaptionObjective):
     λ = `psst_lambda`. λ = 0 is the `scst` objective (the listener is then not trained); λ = 1 drops `l_nat`.
 
     Logs `listener_loss` (the mean of eq. 2), `listener_batch_R@1` (the share of passed captions whose own image the
-    listener ranks first in the batch), `soft_step_share`, and what `scst` logs for `l_nat`.
+    listener ranks first in the batch), `soft_step_share`, `gumbel_temperature` in the Gumbel modes, `speaker_turn` (1
+    in a speaker turn, 0 in a listener turn) with `psst_schedule="alternating"`, and what `scst` logs for `l_nat`.
     """
 
     name = "psst"
@@ -236,19 +338,54 @@ class PSSTObjective(CaptionObjective):
             return [joint]
         return [TrainingPhase("listener_pretraining", self.args.listener_pretraining_steps), joint]
 
+    def gumbel_temperature(self) -> float:
+        """The Gumbel-softmax temperature τ of the current optimizer step (`gumbel_temperature_schedule`)."""
+        args = self.args
+        if args.gumbel_temperature_schedule == "constant":
+            return args.gumbel_temperature
+        return annealed_gumbel_temperature(
+            self.trainer.state.global_step,
+            initial_temperature=args.gumbel_temperature,
+            rate=args.gumbel_annealing_rate,
+            interval=args.gumbel_annealing_interval,
+            min_temperature=args.gumbel_min_temperature,
+        )
+
+    def learning_network(self) -> str:
+        """
+        Which network learns in the current step of the joint phase: `"both"` (`psst_schedule="joint"`), or in turns,
+        `"listener"` for the first `alternating_listener_steps` of every cycle and `"speaker"` for the rest. Like the
+        phases, a function of the optimizer step alone, so a resumed run continues in its turn.
+        """
+        args = self.args
+        if args.psst_schedule == "joint":
+            return "both"
+        step_in_joint_phase = self.trainer.state.global_step - args.listener_pretraining_steps
+        cycle = args.alternating_listener_steps + args.alternating_speaker_steps
+        return "listener" if step_in_joint_phase % cycle < args.alternating_listener_steps else "speaker"
+
     def listener_pretraining_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """
-        The listener alone learns to find the images from the words the fixed speaker passes (in evaluation mode,
-        without gradient), by the mean-violation hinge ([`vse_mean_violation_losses`]): a new listener does not learn
-        from the hardest negatives, and the speaker must not learn from a listener that cannot yet listen.
+        The listener alone learns to find the images from the words the fixed speaker passes, by the mean-violation
+        hinge ([`vse_mean_violation_losses`]): a new listener does not learn from the hardest negatives, and the
+        speaker must not learn from a listener that cannot yet listen.
+        """
+        return self.fixed_speaker_listener_loss(model, inputs, vse_mean_violation_losses)
+
+    def fixed_speaker_listener_loss(self, model: nn.Module, inputs: dict[str, Any], losses_of=None) -> torch.Tensor:
+        """
+        The listener's loss on the words of the fixed speaker (decoded in evaluation mode, without gradient), which
+        trains the listener alone: `losses_of(similarities)` (default: eq. 2, [`vse_hardest_negative_losses`]),
+        averaged over the batch. The listener's warm-up, and its turns of an alternating schedule.
         """
         args, trainer = self.args, self.trainer
+        losses_of = vse_hardest_negative_losses if losses_of is None else losses_of
         image_inputs = image_inputs_of(inputs)
         with evaluation_mode(model), torch.no_grad():
             passed = forward_through(
                 model, decode_with_word_passing, **image_inputs, mode=args.psst_mode,
                 max_length=args.max_caption_length + 1, rho=args.psst_rho,
-                gumbel_temperature=args.gumbel_temperature, temperature=args.temperature,
+                gumbel_temperature=self.gumbel_temperature(), temperature=args.temperature,
             )  # fmt: skip
         # the speaker's embeddings, detached: the fixed speaker gets no gradient through them either
         word_embeddings = trainer.unwrap_model(model).get_input_embeddings().weight.detach()
@@ -257,7 +394,7 @@ class PSSTObjective(CaptionObjective):
         )
         similarities = caption_embeddings @ image_embeddings.T  # (B, B)
         self._record_listener_metrics(vse_hardest_negative_losses(similarities.detach()), similarities)
-        return vse_mean_violation_losses(similarities).mean()
+        return losses_of(similarities).mean()
 
     def _record_listener_metrics(self, listener_losses: torch.Tensor, similarities: torch.Tensor) -> None:
         similarities = similarities.detach()
@@ -265,13 +402,17 @@ class PSSTObjective(CaptionObjective):
         self.trainer.record_metric("listener_loss", listener_losses.mean())
         self.trainer.record_metric("listener_batch_R@1", own_image_first.float().mean())
 
-    def discriminability_terms(self, model: nn.Module, inputs: dict[str, Any]) -> DiscriminabilityTerms:
+    def discriminability_terms(
+        self, model: nn.Module, inputs: dict[str, Any], fixed_listener: bool = False
+    ) -> DiscriminabilityTerms:
         """
         Decodes the batch's images with word passing (`psst_mode`) and scores the passed words with the listener.
 
         Args:
             model: the (possibly DDP-wrapped) [`SpeakerListener`]; its decoding runs through the wrapper's forward.
             inputs: the collated batch.
+            fixed_listener: the speaker's turn of an alternating schedule: the listener's parameters are constants,
+                so its loss reaches the speaker alone.
         """
         args, trainer = self.args, self.trainer
         image_inputs = image_inputs_of(inputs)
@@ -283,14 +424,27 @@ class PSSTObjective(CaptionObjective):
             mode=args.psst_mode,
             max_length=args.max_caption_length + 1,  # + <bos>
             rho=args.psst_rho,
-            gumbel_temperature=args.gumbel_temperature,
+            gumbel_temperature=self.gumbel_temperature(),
             temperature=args.temperature,
         )
         # 2. the listener embeds them with the speaker's word embeddings, and the images with its own encoder
         word_embeddings = trainer.unwrap_model(model).get_input_embeddings().weight
-        caption_embeddings, image_embeddings = trainer.auxiliary_network("listener")(
-            passed.words, word_embeddings, caption_mask=passed.step_mask, **image_inputs
-        )
+        if args.psst_mode == "reinforce":
+            # REINFORCE (Williams 1992) trains the speaker by its reward alone: the listener reads the embeddings as
+            # constants, so its loss reaches no speaker parameter
+            word_embeddings = word_embeddings.detach()
+        listener_arguments = (passed.words, word_embeddings)
+        listener_keywords = {"caption_mask": passed.step_mask, **image_inputs}
+        if fixed_listener:
+            # outside the listener's DDP wrapper: with its parameters as constants it has no gradient to synchronise
+            constants = {name: parameter.detach() for name, parameter in self.listener.named_parameters()}
+            caption_embeddings, image_embeddings = functional_call(
+                self.listener, constants, listener_arguments, listener_keywords
+            )
+        else:
+            caption_embeddings, image_embeddings = trainer.auxiliary_network("listener")(
+                *listener_arguments, **listener_keywords
+            )
         similarities = caption_embeddings @ image_embeddings.T  # (B, B)
         listener_losses = vse_hardest_negative_losses(similarities)  # (B,)
         # 3. in `reinforce` mode, the speaker learns from the listener's loss as a reward instead of its gradient
@@ -306,12 +460,19 @@ class PSSTObjective(CaptionObjective):
         return DiscriminabilityTerms(listener_losses, speaker_policy_loss, similarities, float(soft_steps))
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        if "gumbel" in self.args.psst_mode:
+            self.trainer.record_metric("gumbel_temperature", self.gumbel_temperature())
         if self.current_phase().name == "listener_pretraining":
             return self.listener_pretraining_loss(model, inputs)
+        learning = self.learning_network()
+        if learning != "both":
+            self.trainer.record_metric("speaker_turn", float(learning == "speaker"))
+        if learning == "listener":
+            return self.fixed_speaker_listener_loss(model, inputs)
         weight = self.args.psst_lambda
         loss = None
         if weight > 0:
-            terms = self.discriminability_terms(model, inputs)
+            terms = self.discriminability_terms(model, inputs, fixed_listener=learning == "speaker")
             loss = weight * terms.loss
             self._record_listener_metrics(terms.listener_losses, terms.similarities)
             self.trainer.record_metric("soft_step_share", terms.soft_step_share)

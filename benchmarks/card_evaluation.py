@@ -33,7 +33,7 @@ CAPTIONERS = {
 _EXTRA_IMPORTS = {
     "show-tell-rl-shapes-wtf-rl": "from rlcaption.evaluation import clip_scores\n",
     "policy-value-shapes-ac": "from rlcaption.evaluation import evaluate_model\n",
-    "speaker-listener-shapes-psst": "from rlcaption.listener_evaluation import listener_recall\n",
+    "speaker-listener-shapes-psst": "from rlcaption.evaluation import listener_recall\n",
 }
 _EXTRA_SCORES = {
     "show-tell-rl-shapes-wtf-rl": """

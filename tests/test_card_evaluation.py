@@ -1,6 +1,7 @@
 """One shapes benchmark: `load_shapes()` is the dataset of the recipes, the CLI, the demo and the published cards, and
 each card's "How to evaluate" snippet, run as a user runs it, gives the card's numbers."""
 
+import importlib
 import inspect
 import json
 import re
@@ -65,6 +66,17 @@ def test_each_card_loads_by_its_published_id_and_shows_how_to_evaluate(name):
     assert f'"{published_id}"' in snippet and "load_shapes(" in snippet
     assert not re.search(r'from_pretrained\("(?!rlcaption/)', usage + snippet)  # no folder names
     assert (REPOSITORY / "model_cards" / f"{name}.md").read_text() == (CHECKPOINTS / name / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_every_name_a_card_snippet_imports_exists(name):
+    # the slow test below runs two snippets whole; every snippet's imports are checked here
+    imports = re.findall(r"^from ([\w.]+) import ([\w, ]+?)(?:\s+#.*)?$", _snippet(name), flags=re.MULTILINE)
+    assert imports
+    for module_name, names in imports:
+        module = importlib.import_module(module_name)
+        for imported in names.split(","):
+            assert hasattr(module, imported.strip()), f"{module_name}.{imported.strip()}"
 
 
 def _run_snippet_offline(name: str, tmp_path) -> dict:

@@ -88,7 +88,8 @@ class RecipeArguments:
             "`image_features` column, an `rlcaption extract-features` output folder (its `dataset/` is read) or "
             "region features joined with `rlcaption.data.add_region_features` and saved with save_to_disk. One "
             "pooled vector per image, or a grid or regions per image (their count may vary). A CLIP reward or "
-            "--eval_clip reads the dataset's `image` column beside them (extract-features keeps it)."
+            "--eval_clip reads the dataset's `image` column beside them (extract-features keeps it; "
+            "add_region_features with keep_images=True)."
         },
     )
     num_train_images: int = field(default=4000, metadata={"help": "Training images of the shapes dataset."})
@@ -372,8 +373,8 @@ def fit_image_columns_to_run(model, dataset, training_args: RLCaptionConfig):
                 f"{training_args.reward_funcs}, eval_clip {training_args.eval_clip!r}), which reads images, not "
                 f"precomputed features; the {missing} split(s) of the features dataset have no `image` column. Keep "
                 "the images beside the features: `rlcaption extract-features` keeps the `image` column, and region "
-                "features are joined with `add_region_features` to a Karpathy split loaded with its images "
-                "(`load_karpathy(json_path, images_root)`)."
+                "features keep it with `add_region_features(load_karpathy(json_path, images_root), regions, "
+                "keep_images=True)`."
             )
         return dataset
     return datasets.DatasetDict(

@@ -31,7 +31,9 @@ from rlcaption.objectives.actor_critic import value_explained_variance
 from rlcaption.recipes import (
     RecipeArguments,
     check_the_captioner_gets_steps,
+    dataset_name,
     finish_recipe,
+    fit_image_columns_to_run,
     load_pretrained_captioner,
     load_recipe_dataset,
     parse_recipe_arguments,
@@ -76,7 +78,8 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
-            f"A policy network and a value network trained on the `{script_args.dataset}` dataset by actor-critic "
+            "A policy network and a value network trained on the "
+            f"`{dataset_name(script_args)}` dataset by actor-critic "
             "policy gradient (Ren et al. 2017): the value network's estimate of each prefix is the "
             f"baseline, and lookahead beam search uses it at inference. Reward: {reward}. Started from "
             f"`{script_args.model_name_or_path}`."
@@ -115,7 +118,7 @@ def main(argv=None):
         rewards.append(get_reward("embedding", model=script_args.embedding_model))
         weights = [*(weights or [1.0] * len(training_args.reward_funcs)), script_args.embedding_weight]
     training_args.reward_weights = weights
-    dataset = load_recipe_dataset(script_args)
+    dataset = fit_image_columns_to_run(model, load_recipe_dataset(script_args), training_args)
 
     # built here rather than by `train_and_finish`: the test scores need the run's sampling and rewards
     trainer = RLCaptionTrainer(

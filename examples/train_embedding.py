@@ -40,7 +40,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import datasets
 import numpy as np
 import torch
 from huggingface_hub import ModelCard, ModelCardData, create_repo
@@ -53,7 +52,13 @@ from rlcaption.metrics.clip import embed_images, embed_texts
 from rlcaption.metrics.retrieval import retrieval_recall
 from rlcaption.models import ShowTellRL, VisualSemanticEmbedding, VisualSemanticEmbeddingConfig
 from rlcaption.processing import CaptionProcessor
-from rlcaption.recipes import RecipeArguments, check_pretrained_reference, load_recipe_dataset
+from rlcaption.recipes import (
+    RecipeArguments,
+    check_pretrained_reference,
+    dataset_name,
+    load_recipe_dataset,
+    new_image_encoder_fields,
+)
 from rlcaption.rewards.embedding import train_embedding_model
 
 TEMPLATE = MODEL_CARD_TEMPLATE.parent / "visual_semantic_embedding_model_card.md"
@@ -95,15 +100,6 @@ class ScriptArguments(RecipeArguments):
     )
     train_vision_model: bool = field(
         default=False, metadata={"help": "Fine-tune --vision_model with the embedding instead of keeping it fixed."}
-    )
-    image_features: str | None = field(
-        default=None,
-        metadata={
-            "help": "Train and evaluate on precomputed features: the folder of a dataset with an `image_features` "
-            "column (an `rlcaption extract-features` output folder, or region features saved with save_to_disk), "
-            "which replaces --dataset. Pooled vectors, or grids and regions (any count per image), read by their "
-            "mean."
-        },
     )
     word_embedding_size: int = field(default=128, metadata={"help": "Width of the embedding's word vectors."})
     hidden_size: int = field(default=256, metadata={"help": "State size of the caption GRU."})
@@ -215,10 +211,14 @@ def new_embedding(script_args: ScriptArguments) -> tuple[VisualSemanticEmbedding
     }
     if script_args.image_encoder == "new":
         tokenizer = processor.tokenizer
+        image_encoder = new_image_encoder_fields(
+            script_args.image_features, script_args.vision_model, script_args.train_vision_model,
+            script_args.cnn_channels or DEFAULT_CNN_CHANNELS,
+        )  # fmt: skip
         config = VisualSemanticEmbeddingConfig(
             vocab_size=len(tokenizer), image_size=processor.image_processor.size["height"],
             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id, **new_image_encoder_fields(script_args), **sizes,
+            eos_token_id=tokenizer.eos_token_id, **image_encoder, **sizes,
         )  # fmt: skip
         return VisualSemanticEmbedding(config), processor
     captioner = AutoModelForImageTextToText.from_pretrained(name, local_files_only=local_files_only)
@@ -245,38 +245,6 @@ def new_embedding(script_args: ScriptArguments) -> tuple[VisualSemanticEmbedding
             f"its image encoder: {remedy}"
         )
     return VisualSemanticEmbedding.from_captioner(captioner, **sizes), processor
-
-
-def new_image_encoder_fields(script_args: ScriptArguments) -> dict:
-    """The config fields of a `new` image encoder: precomputed features (their width and layout read from the data),
-    a pretrained vision model, or a CNN."""
-    if script_args.image_features is not None:
-        first_row = np.asarray(load_features_dataset(script_args.image_features)["train"][0]["image_features"])
-        layout = "pooled" if first_row.ndim == 1 else "grid"
-        return {"encoder_type": "features", "image_feature_size": first_row.shape[-1], "image_feature_layout": layout}
-    if script_args.vision_model is not None:
-        check_pretrained_reference(script_args.vision_model, option="--vision_model")
-        return {
-            "encoder_type": "backbone",
-            "backbone": script_args.vision_model,
-            "freeze_backbone": not script_args.train_vision_model,
-        }
-    return {"encoder_type": "cnn", "cnn_channels": script_args.cnn_channels or DEFAULT_CNN_CHANNELS}
-
-
-def load_features_dataset(folder: str) -> datasets.DatasetDict:
-    """The dataset with an `image_features` column in `folder`, or in its `dataset/` (where `rlcaption
-    extract-features` writes it)."""
-    extracted = os.path.join(folder, "dataset")
-    dataset = datasets.load_from_disk(extracted if os.path.isdir(extracted) else folder)
-    if "train" not in dataset or "image_features" not in dataset["train"].column_names:
-        raise ValueError(
-            f"--image_features {folder}: expected a dataset with a `train` split and an `image_features` column, got "
-            f"splits {sorted(dataset)}"
-            + (f" with train columns {dataset['train'].column_names}" if "train" in dataset else "")
-            + "; extract them with `rlcaption extract-features`."
-        )
-    return dataset
 
 
 def embed_split_images(model: VisualSemanticEmbedding, processor, split, batch_size: int) -> torch.Tensor:
@@ -330,9 +298,8 @@ def model_card(
 ) -> ModelCard:
     """The model card of a trained embedding: its settings, the exact command, and the test results of `main`."""
     test = results["test"]
-    recalls = retrieval_eval_results(
-        {key: value for key, value in test.items() if "_R@" in key}, script_args.dataset, script_args.dataset
-    )
+    name = dataset_name(script_args)
+    recalls = retrieval_eval_results({key: value for key, value in test.items() if "_R@" in key}, name, name)
     card_data = ModelCardData(
         language="en",
         license="apache-2.0",
@@ -374,7 +341,7 @@ def model_card(
             "training time": f"{results['training_minutes']:.1f} min on {results['torch_threads']} CPU thread(s)",
         },
         command=command,
-        dataset_name=script_args.dataset,
+        dataset_name=dataset_name(script_args),
         dataset_split="test",
         num_images=f"{num_test_images:,}",
         num_captions=f"{test['num_captions']:,}",
@@ -386,7 +353,7 @@ def model_card(
             "else: other words map to `<unk>`, and its scores on natural images mean nothing. As any learned reward "
             "it can be gamed: judge a captioner trained on it by other metrics too (CIDEr-D, object F1, an evaluator "
             "CLIP)."
-            if script_args.dataset == "shapes"
+            if dataset_name(script_args) == "shapes"
             else "Inherits the biases of its training captions; as any learned reward it can be gamed."
         ),
     )
@@ -423,13 +390,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     model, processor = new_embedding(script_args)
 
     # 1. data
-    if script_args.image_features is not None:
-        dataset, source = (
-            load_features_dataset(script_args.image_features),
-            f"--image_features {script_args.image_features}",
-        )
-    else:
-        dataset, source = load_recipe_dataset(script_args), f"--dataset {script_args.dataset}"
+    dataset = load_recipe_dataset(script_args)
+    source = (
+        f"--image_features {script_args.image_features}"
+        if script_args.image_features is not None
+        else f"--dataset {script_args.dataset}"
+    )
     image_column = "image_features" if model.config.encoder_type == "features" else "image"
     missing = [split for split in ("train", "test") if split not in dataset]
     if missing or image_column not in dataset["test"].column_names:

@@ -33,6 +33,7 @@ from rlcaption.models import ShowTellRL, SpeakerListener
 from rlcaption.objectives import PSSTConfig
 from rlcaption.recipes import (
     RecipeArguments,
+    dataset_name,
     load_pretrained_captioner,
     load_recipe_dataset,
     parse_recipe_arguments,
@@ -88,7 +89,8 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
-            f"A speaker-listener pair trained on the `{script_args.dataset}` dataset by cooperative image captioning "
+            "A speaker-listener pair trained on the "
+            f"`{dataset_name(script_args)}` dataset by cooperative image captioning "
             "(Vered et al. 2019): the speaker captions, the listener finds the image from the caption, and "
             f"the speaker learns from the listener through its words passed in `{mode}` mode, beside self-critical "
             f"CIDEr-D. Started from `{script_args.model_name_or_path}`."

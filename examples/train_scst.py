@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from rlcaption.objectives import SCSTConfig
 from rlcaption.recipes import (
     RecipeArguments,
+    dataset_name,
     load_pretrained_captioner,
     load_recipe_dataset,
     parse_recipe_arguments,
@@ -53,7 +54,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
-            f"An image captioner fine-tuned on the `{script_args.dataset}` dataset by self-critical sequence "
+            f"An image captioner fine-tuned on the `{dataset_name(script_args)}` dataset by self-critical sequence "
             f"training (Rennie et al., 2017) from `{script_args.model_name_or_path}`. Reward: {rewards}."
         ),
         recipe="train_scst.py",

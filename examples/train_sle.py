@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from rlcaption.objectives import SLEConfig
 from rlcaption.recipes import (
     RecipeArguments,
+    dataset_name,
     load_pretrained_captioner,
     load_recipe_dataset,
     parse_recipe_arguments,
@@ -78,7 +79,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
-            f"An image captioner fine-tuned on the `{script_args.dataset}` dataset with {method} from "
+            f"An image captioner fine-tuned on the `{dataset_name(script_args)}` dataset with {method} from "
             f"`{script_args.model_name_or_path}`"
             + (
                 ": sequence-level exploration (Chen & Jin 2020) rewards both the precision of each sampled caption "

@@ -25,6 +25,7 @@ from rlcaption.objectives import SpiderPGConfig
 from rlcaption.recipes import (
     RecipeArguments,
     check_pretrained_reference,
+    dataset_name,
     load_pretrained_captioner,
     load_recipe_dataset,
     parse_recipe_arguments,
@@ -101,7 +102,8 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
-            f"An image captioner trained on the `{script_args.dataset}` dataset with the SPIDEr policy gradient of "
+            "An image captioner trained on the "
+            f"`{dataset_name(script_args)}` dataset with the SPIDEr policy gradient of "
             "Liu et al. (2017): Monte-Carlo rollouts from every prefix of a sampled caption estimate Q, and a learned "
             f"MLP baseline reduces the variance of the gradient. Reward: {rewards}."
         ),

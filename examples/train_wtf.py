@@ -29,6 +29,7 @@ from rlcaption.metrics import check_java, pycocoevalcap_dir
 from rlcaption.objectives import WTFConfig
 from rlcaption.recipes import (
     RecipeArguments,
+    dataset_name,
     load_pretrained_captioner,
     load_recipe_dataset,
     parse_recipe_arguments,
@@ -65,7 +66,8 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
     return recipe_model_card(
         model, training_args, script_args, scores, num_test_images,
         model_summary=(
-            f"An image captioner fine-tuned on the `{script_args.dataset}` dataset with WTF-RL (Chaffin et al. 2024), "
+            "An image captioner fine-tuned on the "
+            f"`{dataset_name(script_args)}` dataset with WTF-RL (Chaffin et al. 2024), "
             f"variant `{variant}`: a CLIP's decoupled bidirectional contrastive reward and a discriminator of "
             "human-written captions guide RL on beam-search captions and weight teacher forcing on the ground truth. "
             f"Started from `{script_args.model_name_or_path}`; reward CLIP `{training_args.reward_clip}`."

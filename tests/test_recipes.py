@@ -5,6 +5,7 @@ import json
 import re
 from pathlib import Path
 
+import datasets
 import huggingface_hub.constants
 import pytest
 import torch
@@ -232,7 +233,8 @@ def test_the_network_a_recipe_adds_to_the_captioner_starts_from_the_run_s_seed(
     recipe, stop_at, new_network, tmp_path, monkeypatch
 ):
     module = load_recipe(recipe)
-    monkeypatch.setattr(module, "load_recipe_dataset", lambda script_args: {"train": None})
+    no_rows = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"image": [], "captions": []})})
+    monkeypatch.setattr(module, "load_recipe_dataset", lambda script_args: no_rows)
 
     def stop(model, *args, **kwargs):
         raise _ModelBuilt(model)

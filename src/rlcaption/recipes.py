@@ -1,6 +1,7 @@
 """
-What every training recipe of `examples/` shares: its common arguments, resuming, loading the captioner to start
-from, building a new `ShowTellRL`, and the end of a run (test scores, `eval_results.json`, model card, publishing).
+What every training recipe of `examples/` shares: its common arguments, resuming, the dataset (images or precomputed
+features), loading the captioner to start from, building a new `ShowTellRL` on any image encoder, and the end of a run
+(test scores, `eval_results.json`, model card, publishing).
 
 A recipe is then only its method: `examples/train_xe.py`, `train_scst.py`, `train_spider.py`, ... each parse
 `(their ScriptArguments, RLCaptionConfig)` with [`parse_recipe_arguments`], load data with [`load_recipe_dataset`],
@@ -18,10 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import AutoModelForImageTextToText, AutoProcessor, HfArgumentParser
+import datasets
+import numpy as np
+from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, HfArgumentParser
 
 from . import auto as _auto  # noqa: F401  (registers our Auto classes, so AutoProcessor finds ours)
-from .data import load_caption_dataset
+from .data import check_dataset_images, load_caption_dataset
 from .hub import check_pretrained_reference, publish_folder, render_model_card
 from .models import ShowTellRL, ShowTellRLConfig
 from .processing import CaptionProcessor
@@ -35,9 +38,13 @@ __all__ = [
     "check_pretraining_leaves_steps",
     "check_the_captioner_gets_steps",
     "dataloader_workers_for_images",
+    "dataset_name",
     "finish_recipe",
+    "fit_image_columns_to_run",
+    "load_features_dataset",
     "load_pretrained_captioner",
     "load_recipe_dataset",
+    "new_image_encoder_fields",
     "new_show_tell_rl",
     "parse_recipe_arguments",
     "phase_steps_description",
@@ -45,7 +52,9 @@ __all__ = [
     "recipe_model_card",
     "resolve_resume_from_checkpoint",
     "reward_description",
+    "run_reads_images",
     "train_and_finish",
+    "vision_model_image_settings",
 ]
 
 _TRUE_WORDS = ("true", "yes", "1", "last", "auto")
@@ -55,6 +64,8 @@ _TRUE_WORDS = ("true", "yes", "1", "last", "auto")
 # then start 32 of them, which such a node's cores afford.
 _MAX_DATALOADER_WORKERS = 4
 _FALSE_WORDS = ("false", "no", "0", "none")
+# Rewards that score a caption against its image with a CLIP, which reads pixels only.
+_CLIP_REWARDS = ("clip_score", "clip_contrastive")
 
 
 @dataclass
@@ -68,6 +79,17 @@ class RecipeArguments:
             "(`rlcaption.data.load_caption_imagefolder`) or a Hub dataset id. With a dataset other than shapes, "
             "images are decoded in worker processes: --dataloader_num_workers defaults to up to 4 per training "
             "process, one core left to it (`rlcaption.recipes.dataloader_workers_for_images`)."
+        },
+    )
+    image_features: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train and evaluate on precomputed features instead of --dataset: the folder of a dataset with an "
+            "`image_features` column, an `rlcaption extract-features` output folder (its `dataset/` is read) or "
+            "region features joined with `rlcaption.data.add_region_features` and saved with save_to_disk. One "
+            "pooled vector per image, or a grid or regions per image (their count may vary). A CLIP reward or "
+            "--eval_clip reads the dataset's `image` column beside them (extract-features keeps it; "
+            "add_region_features with keep_images=True)."
         },
     )
     num_train_images: int = field(default=4000, metadata={"help": "Training images of the shapes dataset."})
@@ -254,11 +276,18 @@ def load_pretrained_captioner(name_or_path: str, **kwargs: Any):
 
 
 def load_recipe_dataset(script_args: RecipeArguments):
-    """The dataset of `--dataset`, with the shapes options when it is the embedded shapes dataset."""
+    """The dataset of `--image_features`, else of `--dataset` (with the shapes options for the shapes dataset)."""
     image_checks = {
         "verify_images": script_args.verify_images,
         "skip_unreadable_images": script_args.skip_unreadable_images,
     }
+    if script_args.image_features is not None:
+        dataset = load_features_dataset(script_args.image_features)
+        if "image" in dataset["train"].column_names and (
+            script_args.verify_images or script_args.skip_unreadable_images
+        ):
+            dataset = check_dataset_images(dataset, script_args.skip_unreadable_images)
+        return dataset
     if script_args.dataset != "shapes":
         return load_caption_dataset(script_args.dataset, **image_checks)
     return load_caption_dataset(
@@ -271,6 +300,134 @@ def load_recipe_dataset(script_args: RecipeArguments):
     )
 
 
+def load_features_dataset(folder: str) -> datasets.DatasetDict:
+    """The dataset with an `image_features` column in `folder`, or in its `dataset/` (where `rlcaption
+    extract-features` writes it)."""
+    extracted = os.path.join(folder, "dataset")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"--image_features {folder}: no such folder. Name an `rlcaption extract-features` output folder or a "
+            "dataset saved with save_to_disk."
+        )
+    dataset = datasets.load_from_disk(extracted if os.path.isdir(extracted) else folder)
+    if "train" not in dataset or "image_features" not in dataset["train"].column_names:
+        raise ValueError(
+            f"--image_features {folder}: expected a dataset with a `train` split and an `image_features` column, got "
+            f"splits {sorted(dataset)}"
+            + (f" with train columns {dataset['train'].column_names}" if "train" in dataset else "")
+            + "; extract them with `rlcaption extract-features`."
+        )
+    return dataset
+
+
+def dataset_name(script_args: RecipeArguments) -> str:
+    """What the run trained on, as its model card names it: the features folder, else `--dataset`."""
+    return script_args.image_features or script_args.dataset
+
+
+def run_reads_images(training_args: RLCaptionConfig) -> bool:
+    """Whether the run reads pixels besides what its captioner reads: a CLIP reward (WTF-RL's reward CLIP,
+    `clip_score`, `clip_contrastive`) or the evaluator CLIP of `eval_clip`."""
+    named_rewards = [name for name in training_args.reward_funcs or [] if isinstance(name, str)]
+    return (
+        training_args.objective == "wtf"
+        or training_args.eval_clip is not None
+        or any(name in _CLIP_REWARDS for name in named_rewards)
+    )
+
+
+def fit_image_columns_to_run(model, dataset, training_args: RLCaptionConfig):
+    """
+    The dataset with the image columns the run reads. A captioner of precomputed features needs `image_features`, a
+    captioner of pixels an `image` or `pixel_values` column. Beside features, an `image` column is kept for a run whose
+    CLIP reads pixels ([`run_reads_images`]) and dropped otherwise, so that no image file is decoded at every step.
+
+    Raises:
+        `ValueError`: the captioner's input, or the images a CLIP reads, are not in the dataset; the message says how
+            to get them.
+    """
+    columns = dataset["train"].column_names
+    reads_features = getattr(model.config, "encoder_type", None) == "features" or (
+        # a policy-value or speaker-listener captioner: its policy or speaker reads the images
+        any(getattr(getattr(model.config, name, None), "encoder_type", None) == "features"
+            for name in ("policy_config", "speaker_config"))
+    )  # fmt: skip
+    has_features = "image_features" in columns
+    if reads_features and not has_features:
+        raise ValueError(
+            "The captioner reads precomputed image features (encoder_type='features'), but the dataset has none "
+            f"(train columns {columns}): pass them with --image_features <folder>."
+        )
+    if not reads_features and not any(column in columns for column in ("image", "pixel_values")):
+        raise ValueError(
+            f"The captioner reads images, but the dataset has none (train columns {columns}): train on --dataset with "
+            "images, or start from a captioner of these features (train_xe.py --image_features <folder>)."
+        )
+    if not has_features:
+        return dataset
+    if run_reads_images(training_args):
+        missing = [name for name, split in dataset.items() if "image" not in split.column_names]
+        if missing:
+            raise ValueError(
+                f"This run scores captions with a CLIP (objective {training_args.objective!r}, rewards "
+                f"{training_args.reward_funcs}, eval_clip {training_args.eval_clip!r}), which reads images, not "
+                f"precomputed features; the {missing} split(s) of the features dataset have no `image` column. Keep "
+                "the images beside the features: `rlcaption extract-features` keeps the `image` column, and region "
+                "features keep it with `add_region_features(load_karpathy(json_path, images_root), regions, "
+                "keep_images=True)`."
+            )
+        return dataset
+    return datasets.DatasetDict(
+        {name: split.remove_columns([column for column in ("image",) if column in split.column_names])
+         for name, split in dataset.items()}
+    )  # fmt: skip
+
+
+def vision_model_image_settings(vision_model: str) -> dict[str, Any]:
+    """The `image_size`, `image_mean` and `image_std` of a [`CaptionProcessor`] for the pretrained vision model
+    `vision_model` (hub id or folder), read from its image processor: the images it was trained on."""
+    local_files_only = check_pretrained_reference(vision_model, option="--vision_model")
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(vision_model, local_files_only=local_files_only)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"--vision_model {vision_model}: its image processor (preprocessor_config.json) says what size and "
+            f"normalisation its images need, and it cannot be loaded: {error}"
+        ) from error
+    crop_size = (
+        getattr(image_processor, "crop_size", None) if getattr(image_processor, "do_center_crop", False) else None
+    )
+    size = crop_size or image_processor.size
+    side = size.get("height") or size.get("shortest_edge")
+    mean, std = image_processor.image_mean, image_processor.image_std
+    return {
+        "image_size": int(side),
+        "image_mean": tuple(mean) if isinstance(mean, Sequence) else (float(mean),) * 3,
+        "image_std": tuple(std) if isinstance(std, Sequence) else (float(std),) * 3,
+    }
+
+
+def new_image_encoder_fields(
+    image_features: str | None = None,
+    vision_model: str | None = None,
+    train_vision_model: bool = False,
+    cnn_channels: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """
+    The config fields of a new image encoder, as a captioner's or an embedding's config names them: precomputed
+    features of the dataset in `image_features` (their width, and `grid` for grids and regions, read from its first
+    row), the pretrained vision model `vision_model` (fixed unless `train_vision_model`), or a CNN of `cnn_channels`.
+    """
+    if image_features is not None:
+        first_row = np.asarray(load_features_dataset(image_features)["train"][0]["image_features"])
+        layout = "pooled" if first_row.ndim == 1 else "grid"
+        return {"encoder_type": "features", "image_feature_size": first_row.shape[-1], "image_feature_layout": layout}
+    if vision_model is not None:
+        check_pretrained_reference(vision_model, option="--vision_model")
+        return {"encoder_type": "backbone", "backbone": vision_model, "freeze_backbone": not train_vision_model}
+    return {"encoder_type": "cnn", "cnn_channels": list(cnn_channels)}
+
+
 def new_show_tell_rl(
     processor: CaptionProcessor,
     image_size: int,
@@ -279,16 +436,23 @@ def new_show_tell_rl(
     image_attention: bool = True,
     dropout: float = 0.2,
     max_caption_length: int = 20,
+    image_encoder: Mapping[str, Any] | None = None,
 ) -> ShowTellRL:
-    """A randomly initialised `ShowTellRL` with a CNN encoder, over the vocabulary of `processor`."""
+    """
+    A randomly initialised `ShowTellRL` over the vocabulary of `processor`, with a CNN encoder of `cnn_channels`, or
+    the encoder of `image_encoder` ([`new_image_encoder_fields`]: a pretrained vision model, precomputed features).
+    `image_attention` attends over the encoder's grid where it has one (pooled features have none).
+    """
     tokenizer = processor.tokenizer
+    image_encoder = dict(image_encoder or {"encoder_type": "cnn", "cnn_channels": list(cnn_channels)})
+    if image_encoder.get("image_feature_layout") == "pooled":
+        image_attention = False
     config = ShowTellRLConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         word_embedding_size=hidden_size,
-        encoder_type="cnn",
         image_size=image_size,
-        cnn_channels=list(cnn_channels),
+        **image_encoder,
         image_attention=image_attention,
         dropout=dropout,
         max_caption_length=max_caption_length,
@@ -355,8 +519,8 @@ def recipe_model_card(
         model,
         repo_id=repo_id,
         scores=scores,
-        dataset_type=script_args.dataset,
-        dataset_name=script_args.dataset,
+        dataset_type=dataset_name(script_args),
+        dataset_name=dataset_name(script_args),
         model_summary=model_summary,
         training_summary=f"Trained with `examples/{recipe}` of rlcaption (`RLCaptionTrainer`).",
         training_settings={
@@ -368,9 +532,10 @@ def recipe_model_card(
         },
         evaluation_summary=(
             f"{decoding}, at most {training_args.max_caption_length} tokens, on the {num_test_images} images of the "
-            f"`{script_args.dataset}` test split, scored by `RLCaptionTrainer.evaluate` with rlcaption's metrics "
-            "(equal to the COCO caption evaluation code's; CIDEr-D document frequencies from the test references)"
-            + (", the scene grounding metrics" if script_args.dataset == "shapes" else "")
+            f"`{dataset_name(script_args)}` test split, scored by `RLCaptionTrainer.evaluate` with rlcaption's "
+            "metrics (equal to the COCO caption evaluation code's; CIDEr-D document frequencies from the test "
+            "references)"
+            + (", the scene grounding metrics" if dataset_name(script_args) == "shapes" else "")
             + (f" and the evaluator CLIP `{training_args.eval_clip}`" if training_args.eval_clip else "")
             + "."
         ),
@@ -378,7 +543,7 @@ def recipe_model_card(
             "Trained on synthetic scenes of coloured shapes (rlcaption's embedded `shapes` dataset): it describes "
             "such images and nothing else. It shows the method and the library end to end; it is not a "
             "general-purpose captioner."
-            if script_args.dataset == "shapes"
+            if dataset_name(script_args) == "shapes"
             else "Inherits the biases of its training captions."
         ),
         objective=training_args.objective,
@@ -452,9 +617,11 @@ def train_and_finish(
     The body of a recipe once its model is built: trains `model` on the train split with [`RLCaptionTrainer`]
     (validation split for the evaluations during training, resuming as `training_args.resume_from_checkpoint` says),
     then [`finish_recipe`] with the card `model_card(model, training_args, script_args, scores, num_test_images)` and
-    the method's `extra_scores`. `reward_funcs` (built rewards or names) replace `training_args.reward_funcs`. A run
-    whose steps would all go to pretraining phases is refused before training ([`check_the_captioner_gets_steps`]).
+    the method's `extra_scores`. `reward_funcs` (built rewards or names) replace `training_args.reward_funcs`. The
+    dataset's image columns are first fitted to the run ([`fit_image_columns_to_run`]), and a run whose steps would
+    all go to pretraining phases is refused before training ([`check_the_captioner_gets_steps`]).
     """
+    dataset = fit_image_columns_to_run(model, dataset, training_args)
     trainer = RLCaptionTrainer(
         model=model,
         args=training_args,

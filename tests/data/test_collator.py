@@ -51,6 +51,13 @@ def test_precomputed_features_are_used_instead_of_images(processor):
     assert torch.equal(batch["image_features"], torch.arange(4.0)[None])
 
 
+def test_images_kept_beside_features_pass_through_for_the_rewards_that_read_them(processor):
+    rows = [{**image_row(1, CAPTIONS[:1]), "image_features": np.arange(4.0)}]
+    batch = CaptionCollator(processor)(rows)
+    assert "pixel_values" not in batch  # the captioner reads the features; a CLIP reward reads the image
+    assert batch["image"] == [rows[0]["image"]]
+
+
 @pytest.mark.parametrize("captions", [[], ["a red circle", 3], None])
 def test_unusable_references_name_the_image(processor, captions):
     rows = [image_row(1, CAPTIONS[:1]), image_row(42, captions)]

@@ -32,7 +32,8 @@ class CaptionCollator:
     - `caption_input_ids`, `caption_attention_mask` (`(N, T)`) and `caption_image_index` (`(N,)`, the row of
       each caption's image): the tokenized references for teacher forcing, all of them or
       `captions_per_image` drawn at random per image, each `start w_1 ... w_n end` and right-padded;
-    - every other column as a list under its own name (datasets columns reach reward functions this way).
+    - every other column as a list under its own name (datasets columns reach reward functions this way), and
+      `image` beside `image_features`: the images a CLIP reward reads.
 
     References are tokenized by the processor, stripped of the special tokens its tokenizer puts around them
     (`[CLS]`/`[SEP]`, `<bos>`/`<eos>`, ...), then framed by the model's start and end tokens: a GPT-2 tokenizer adds
@@ -133,9 +134,10 @@ class CaptionCollator:
             batch["caption_input_ids"], batch["caption_attention_mask"] = self._tokenize(texts)
             batch["caption_image_index"] = torch.tensor(image_index, dtype=torch.long)
 
-        # 4. pass-through columns
+        # 4. pass-through columns; the images of rows read through their features go to the rewards that read
+        # pixels (a CLIP)
         for name in first:
-            if name not in _HANDLED_COLUMNS:
+            if name not in _HANDLED_COLUMNS or (name == "image" and "image_features" in batch):
                 batch[name] = [row[name] for row in rows]
         return batch
 

@@ -447,7 +447,10 @@ class SpiderPGObjective(CaptionObjective):
         joint = TrainingPhase("policy_gradient")
         if self.args.baseline_pretraining_steps == 0:
             return [joint]
-        return [TrainingPhase("baseline_pretraining", self.args.baseline_pretraining_steps), joint]
+        return [
+            TrainingPhase("baseline_pretraining", self.args.baseline_pretraining_steps, trains_captioner=False),
+            joint,
+        ]
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer

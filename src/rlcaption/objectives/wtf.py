@@ -408,7 +408,12 @@ class WTFObjective(CaptionObjective):
         joint = TrainingPhase("joint")
         if self.args.discriminator_pretraining_steps == 0:
             return [joint]
-        return [TrainingPhase("discriminator_pretraining", self.args.discriminator_pretraining_steps), joint]
+        return [
+            TrainingPhase(
+                "discriminator_pretraining", self.args.discriminator_pretraining_steps, trains_captioner=False
+            ),
+            joint,
+        ]
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer

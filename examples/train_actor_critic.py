@@ -62,7 +62,16 @@ class ScriptArguments(RecipeArguments):
         default="checkpoints/show-tell-rl-shapes-xe",
         metadata={"help": "The policy to start from (a ShowTellRL checkpoint) or a PolicyValueCaptioner checkpoint."},
     )
-    value_hidden_size: int = field(default=256, metadata={"help": "GRU size of a new value network."})
+    value_hidden_size: int = field(default=256, metadata={"help": "Recurrent state size of a new value network."})
+    value_rnn_type: str = field(
+        default="gru",
+        metadata={
+            "help": "Recurrent network of a new value network over the partial caption: `gru` (the default, with "
+            "which the published checkpoints and reproduction tables ran) or `lstm` (Ren et al. 2017's). For Ren et "
+            "al.'s learning rate, decayed x0.9 every two epochs, add `--lr_scheduler_type constant --lr_decay_factor "
+            "0.9 --lr_decay_epochs 2`; the default schedule is linear decay over the policy's steps."
+        },
+    )
     embedding_model: str | None = field(
         default=None, metadata={"help": "A VisualSemanticEmbedding (folder or Hub id) whose cosine joins the reward."}
     )
@@ -91,6 +100,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
             "reward": reward,
             "value pretraining steps (policy fixed)": training_args.value_pretraining_steps,
             "value loss weight": training_args.value_loss_weight,
+            "value network recurrence": model.config.value_rnn_type.upper(),
             "sampled captions per image": training_args.num_samples_per_image,
             "epochs": f"{training_args.num_train_epochs:g}",
             "learning rate": f"{training_args.learning_rate:g}",
@@ -112,7 +122,9 @@ def main(argv=None):
     model, processor = load_pretrained_captioner(script_args.model_name_or_path)
     if isinstance(model, ShowTellRL):
         set_seed(training_args.seed)  # the new value network's initialisation is the run's seed's, not chance's
-        model = PolicyValueCaptioner.from_policy(model, value_hidden_size=script_args.value_hidden_size)
+        model = PolicyValueCaptioner.from_policy(
+            model, value_hidden_size=script_args.value_hidden_size, value_rnn_type=script_args.value_rnn_type
+        )
     rewards, weights = list(training_args.reward_funcs), training_args.reward_weights
     if script_args.embedding_model:
         rewards.append(get_reward("embedding", model=script_args.embedding_model))

@@ -177,12 +177,14 @@ def test_actor_critic_recipe_trains_both_networks_and_scores_lookahead(tmp_path,
     run_recipe(
         *accelerate_launch(num_processes), str(EXAMPLES / "train_actor_critic.py"), "--output_dir", str(output_dir),
         *TINY_RUN, "--max_steps", "2", "--value_pretraining_steps", "1", "--value_hidden_size", "16",
-        "--embedding_model", str(tmp_path / "embedding"), "--embedding_weight", "0.5", cache_dir=tmp_path / "cache",
+        "--embedding_model", str(tmp_path / "embedding"), "--embedding_weight", "0.5", "--value_rnn_type", "lstm",
+        "--lr_scheduler_type", "constant", "--lr_decay_factor", "0.9", cache_dir=tmp_path / "cache",
     )  # fmt: skip
     scores = json.loads((output_dir / "eval_results.json").read_text())["test"]
     assert {"CIDEr", "object_f1", "lookahead_CIDEr", "lookahead_object_f1"} <= set(scores)
     config = json.loads((output_dir / "config.json").read_text())
     assert config["model_type"] == "policy_value"
+    assert config["value_rnn_type"] == "lstm"  # Ren et al.'s value network, as asked
     card = (output_dir / "README.md").read_text()
     assert "0.5·embedding" in card and "CIDEr-D (lookahead beam search)" in card
     assert "1 value_pretraining, 1 actor_critic" in card

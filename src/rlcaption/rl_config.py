@@ -155,6 +155,21 @@ class RLCaptionConfig(TrainingArguments):
         metadata={"help": "References used per image and step by `xe`; all of them when unset."},
     )
 
+    # > Learning-rate schedule, besides the Trainer's `lr_scheduler_type` and warmup
+    lr_decay_factor: float = field(
+        default=1.0,
+        metadata={
+            "help": "Step decay on top of `lr_scheduler_type`: every `lr_decay_epochs` epochs of captioner training "
+            "the learning rates are multiplied by this factor. Ren et al. 2017 decay by 0.9 every 2 epochs with an "
+            "otherwise constant rate (`--lr_scheduler_type constant --lr_decay_factor 0.9 --lr_decay_epochs 2`). "
+            "1.0: no step decay."
+        },
+    )
+    lr_decay_epochs: float = field(
+        default=2.0,
+        metadata={"help": "Epochs of captioner training between two `lr_decay_factor` decays."},
+    )
+
     # > Evaluation during training
     eval_num_beams: int = field(default=3, metadata={"help": "Beam size of the captions scored during evaluation."})
     eval_metrics: list[str] = field(
@@ -273,6 +288,10 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(f"top_p must be in (0, 1] (1.0 disables it), got {self.top_p}.")
         if self.max_caption_length < 1:
             raise ValueError(f"max_caption_length must be >= 1, got {self.max_caption_length}.")
+        if not 0.0 < self.lr_decay_factor <= 1.0:
+            raise ValueError(f"lr_decay_factor must be in (0, 1] (1.0: no step decay), got {self.lr_decay_factor}.")
+        if self.lr_decay_epochs <= 0:
+            raise ValueError(f"lr_decay_epochs must be > 0, got {self.lr_decay_epochs}.")
         if self.eval_num_beams < 1:
             raise ValueError(f"eval_num_beams must be >= 1, got {self.eval_num_beams}.")
         if isinstance(self.eval_metrics, str):

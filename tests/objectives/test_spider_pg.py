@@ -86,18 +86,34 @@ def test_token_sampler_follows_the_softmax_distribution():
 
     logits = torch.tensor([[2.0, 0.0, torch.finfo(torch.float32).min, 1.0, -1.0]])
     draws = 40_000
-    tokens = _sample_from(logits.expand(draws, -1), torch.rand(draws, generator=torch.Generator().manual_seed(0)), 1.0)
+    tokens = _sample_from(logits.expand(draws, -1), torch.rand(draws, generator=torch.Generator().manual_seed(0)))
     frequencies = torch.bincount(tokens, minlength=5).float() / draws
     torch.testing.assert_close(frequencies, torch.softmax(logits[0], dim=-1), atol=0.01, rtol=0)
     assert frequencies[2] == 0  # a token of zero probability is never sampled
-    hot = _sample_from(logits.expand(draws, -1), torch.rand(draws, generator=torch.Generator().manual_seed(1)), 0.5)
+
+
+def test_rollout_draws_follow_the_policy_warpers_temperature_top_k_and_top_p():
+    from rlcaption.objectives.spider_pg import _policy_warpers, _sample_from
+
+    logits = torch.tensor([[2.0, 0.0, 1.5, 1.0, -1.0]])
+    draws = 40_000
+    uniforms = torch.rand(draws, generator=torch.Generator().manual_seed(1))
+    hot = _sample_from(_policy_warpers(0.5, 0, 1.0)(None, logits.expand(draws, -1)), uniforms)
     torch.testing.assert_close(
         torch.bincount(hot, minlength=5).float() / draws, torch.softmax(logits[0] / 0.5, dim=-1), atol=0.01, rtol=0
     )
+    top_two = _sample_from(_policy_warpers(1.0, 2, 1.0)(None, logits.expand(draws, -1)), uniforms)
+    assert set(top_two.tolist()) == {0, 2}
+    # softmax [0.43, 0.06, 0.26, 0.16, 0.02]: the nucleus of p = 0.6 is tokens 0 and 2
+    nucleus = _sample_from(_policy_warpers(1.0, 0, 0.6)(None, logits.expand(draws, -1)), uniforms)
+    assert set(nucleus.tolist()) == {0, 2}
 
 
+@pytest.mark.parametrize(
+    "sampling", [{}, {"temperature": 0.8, "top_k": 5, "top_p": 0.9}], ids=["pure", "temperature-top-k-top-p"]
+)
 @pytest.mark.parametrize("image_attention", [False, True], ids=["show-tell", "attention"])
-def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values, image_attention):
+def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values, image_attention, sampling):
     num_paths = 2  # several captions per image: rollouts find each caption's image through image_index
     pixel_values = pixel_values[:2]
     model = make_show_tell(processor, IMAGE_SIZE, seed=3, dropout=0.3, image_attention=image_attention)
@@ -107,7 +123,7 @@ def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values, ima
     uniforms = torch.rand(num_rows, MAX_LENGTH, generator=torch.Generator().manual_seed(7))
     common = dict(
         num_rollouts=3, max_length=MAX_LENGTH, eos_token_id=EOS, pad_token_id=PAD, image_index=image_index,
-        uniforms=uniforms,
+        uniforms=uniforms, **sampling,
     )  # fmt: skip
     model.train()  # rollouts must switch dropout off themselves
     batched = sample_rollouts(model, {"pixel_values": pixel_values}, sequences, mask, **common)
@@ -159,6 +175,55 @@ def test_rollouts_continue_the_policy_from_the_prefix_state(processor, pixel_val
         model, {"pixel_values": pixel_values}, sequences, mask, 1, MAX_LENGTH, EOS, PAD, uniforms=uniforms
     )
     assert int(rollouts.sequences[row, length + 1]) == token
+
+
+def rollout_rows_and_first_tokens(model, pixel_values, sequences, mask, **sampling):
+    """The rollouts of every prefix and, for each rollout row, the policy's next-token logits after its prefix."""
+    rollouts = sample_rollouts(
+        model, {"pixel_values": pixel_values}, sequences, mask, 3, MAX_LENGTH, EOS, PAD, **sampling
+    )
+    with torch.no_grad():
+        logits = model(input_ids=rollouts.sequences, pixel_values=pixel_values[rollouts.caption_index]).logits
+    # (R, V): the logits that chose each rollout's first token, the one after its prefix g_{1:t}
+    first_logits = logits[torch.arange(len(rollouts.prefix_length)), rollouts.prefix_length]
+    first_tokens = rollouts.sequences[torch.arange(len(rollouts.prefix_length)), rollouts.prefix_length + 1]
+    return rollouts, first_logits, first_tokens
+
+
+def test_rollouts_with_top_k_1_are_the_greedy_continuation(processor, pixel_values):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=5).eval()
+    sequences, mask = sampled_captions(model, processor, pixel_values)
+    rollouts, first_logits, first_tokens = rollout_rows_and_first_tokens(
+        model, pixel_values, sequences, mask, temperature=0.7, top_k=1
+    )
+    assert torch.equal(first_tokens, first_logits.argmax(dim=-1))
+    # and every later token too: each rollout is what greedy decoding continues its prefix with
+    prefixes = zip(rollouts.caption_index.tolist(), rollouts.prefix_length.tolist(), strict=True)
+    for row, (caption, length) in enumerate(prefixes):
+        state = sequences[caption : caption + 1, : length + 1]
+        for _ in range(MAX_LENGTH - length):
+            with torch.no_grad():
+                token = model(input_ids=state, pixel_values=pixel_values[caption : caption + 1]).logits[0, -1].argmax()
+            state = torch.cat([state, token.view(1, 1)], dim=1)
+            if int(token) == EOS:
+                break
+        assert torch.equal(rollouts.sequences[row, : state.size(1)], state[0])
+
+
+def test_rollouts_with_a_small_top_p_draw_only_nucleus_tokens(processor, pixel_values):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=5).eval()
+    sequences, mask = sampled_captions(model, processor, pixel_values)
+    top_p = 0.3
+    _, first_logits, first_tokens = rollout_rows_and_first_tokens(model, pixel_values, sequences, mask, top_p=top_p)
+    # the nucleus: the most probable tokens whose mass before them is below top_p
+    probabilities, order = torch.softmax(first_logits, dim=-1).sort(dim=-1, descending=True)
+    mass_before = probabilities.cumsum(dim=-1) - probabilities
+    rank = (order == first_tokens[:, None]).float().argmax(dim=-1)
+    assert bool((mass_before.gather(1, rank[:, None]) < top_p).all())
+    # a random tiny policy is near uniform: without top-p, tokens outside the nucleus are drawn
+    _, _, unrestricted = rollout_rows_and_first_tokens(model, pixel_values, sequences, mask)
+    unrestricted_rank = (order == unrestricted[:, None]).float().argmax(dim=-1)
+    assert bool((mass_before.gather(1, unrestricted_rank[:, None]) >= top_p).any())
 
 
 # ---------------------------------------------------------------- losses and baseline

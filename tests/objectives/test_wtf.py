@@ -133,6 +133,22 @@ def test_discriminator_is_a_three_layer_mlp_reading_detached_embeddings():
     assert embeddings.grad is None  # the CLIP's embeddings stay frozen
 
 
+def test_an_image_text_discriminator_reads_the_image_beside_the_text():
+    torch.manual_seed(0)
+    discriminator = Discriminator(embedding_size=8, hidden_size=16, reads_image=True)
+    assert discriminator.mlp[0].in_features == 16  # the image's embedding concatenated with the text's
+    texts, images = torch.randn(5, 8), torch.randn(5, 8, requires_grad=True)
+    logits = discriminator(texts, images)
+    assert logits.shape == (5,)
+    assert not torch.allclose(logits, discriminator(texts, images.flip(0)))
+    logits.sum().backward()
+    assert images.grad is None  # the image embeddings stay frozen too
+    with pytest.raises(ValueError, match="reads the image and the text; got no image embeddings"):
+        discriminator(texts)
+    with pytest.raises(ValueError, match="reads the text only; got image embeddings"):
+        Discriminator(embedding_size=8, hidden_size=16)(texts, images)
+
+
 # ---------------------------------------------------------------- training with RLCaptionTrainer
 
 
@@ -264,6 +280,26 @@ def test_wtf_trains_ours_and_a_transformers_captioner(
     assert (tmp_path / MINED_NEIGHBOURS_NAME).is_file()
 
 
+@pytest.mark.parametrize("discriminator_input", ["text", "image_text"])
+def test_the_discriminator_judges_a_caption_with_its_image_only_with_image_text(
+    discriminator_input, processor, shapes, reward_clip, tmp_path
+):
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    trainer = make_trainer(model, processor, shapes, tmp_path, reward_clip, discriminator_input=discriminator_input)
+    objective = trainer.objective
+    images = shapes["train"][:4]
+    texts = objective.reward.embed_texts([captions[0] for captions in images["captions"]])
+    pixel_values = processor(images=images["image"], return_tensors="pt")["pixel_values"]
+    own_images = {"image_id": images["image_id"], "pixel_values": pixel_values}
+    # the same captions, each paired with another image of the batch
+    other_images = {"image_id": images["image_id"][::-1], "pixel_values": pixel_values.flip(0)}
+    with torch.no_grad():
+        own = objective.discriminator_logits(texts, range(4), own_images, 4)
+        other = objective.discriminator_logits(texts, range(4), other_images, 4)
+    assert own.shape == (4,)
+    assert torch.allclose(own, other) == (discriminator_input == "text")
+
+
 def test_rewards_contrast_beam_greedy_and_ground_truth_captions_with_the_batch_images_and_neighbours(
     processor, shapes, reward_clip, tmp_path, monkeypatch
 ):
@@ -333,14 +369,16 @@ def test_variants_train_only_their_trajectories(processor, shapes, reward_clip, 
 
 
 @pytest.mark.parametrize(
-    ("killed_after", "pretraining_steps"), [(1, 2), (2, 1)], ids=["in-discriminator-pretraining", "in-rl"]
+    ("killed_after", "pretraining_steps", "discriminator_input"),
+    [(1, 2, "text"), (2, 1, "text"), (2, 1, "image_text")],
+    ids=["in-discriminator-pretraining", "in-rl", "in-rl-image-text-discriminator"],
 )
 def test_a_killed_run_resumes_in_its_phase_reading_the_mined_neighbours(
-    processor, shapes, reward_clip, tmp_path, monkeypatch, killed_after, pretraining_steps
+    processor, shapes, reward_clip, tmp_path, monkeypatch, killed_after, pretraining_steps, discriminator_input
 ):
     settings = {
         "max_steps": 3, "discriminator_pretraining_steps": pretraining_steps, "save_strategy": "steps",
-        "save_steps": 1,
+        "save_steps": 1, "discriminator_input": discriminator_input,
     }  # fmt: skip
     straight = make_trainer(
         make_show_tell(processor, IMAGE_SIZE, seed=0), processor, shapes, tmp_path / "straight", reward_clip,
@@ -410,3 +448,5 @@ def test_config_validates_the_wtf_fields(tmp_path):
             RLCaptionConfig(**{field: 0}, **common)
     with pytest.raises(ValueError, match="discriminator_learning_rate must be > 0"):
         RLCaptionConfig(discriminator_learning_rate=0.0, **common)
+    with pytest.raises(ValueError, match="discriminator_input='image' is not one of"):
+        RLCaptionConfig(discriminator_input="image", **common)

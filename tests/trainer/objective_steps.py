@@ -23,6 +23,7 @@ CASES = [
     ("spider_pg", {"baseline_pretraining_steps": 1, "num_rollouts": 2}, SHOW_TELL),
     ("sle", {}, SHOW_TELL),
     *[("wtf", {"wtf_variant": variant, "discriminator_pretraining_steps": 1}, SHOW_TELL) for variant in WTF_VARIANTS],
+    ("wtf", {"discriminator_input": "image_text", "discriminator_pretraining_steps": 1}, SHOW_TELL),
     *[
         ("psst", {"psst_mode": mode, "listener_pretraining_steps": 1}, ("speaker_listener",))
         for mode in WORD_PASSING_MODES

@@ -24,7 +24,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-__all__ = ["decode_recurrent", "decodes_plainly"]
+__all__ = ["decode_recurrent", "decodes_plainly", "logits_warpers"]
 
 # The settings this loop honours; any other setting a config changes from the library defaults is left to generate().
 PLAIN_SETTINGS = frozenset(
@@ -48,8 +48,9 @@ def decodes_plainly(config: GenerationConfig) -> bool:
     return set(config.to_diff_dict()) <= PLAIN_SETTINGS
 
 
-def _logits_warpers(config: GenerationConfig) -> LogitsProcessorList:
-    """The warpers `generate()` applies when sampling with `config`, in its order."""
+def logits_warpers(config: GenerationConfig) -> LogitsProcessorList:
+    """The warpers `generate()` applies when sampling with `config`, in its order: temperature, top-k, top-p. They
+    read the scores only, never the tokens so far."""
     warpers = LogitsProcessorList()
     if not config.do_sample:
         return warpers
@@ -89,7 +90,7 @@ def decode_recurrent(
     unfinished = torch.ones(num_captions, dtype=torch.bool, device=device)
     # where each caption ends; generate() stops at the end of the last one, which sets the returned length
     end_position = torch.full((num_captions,), sequences.shape[1] - 1, device=device)
-    warpers = _logits_warpers(config)
+    warpers = logits_warpers(config)
     for position in range(1, sequences.shape[1]):
         logits, _, state = model.step(tokens, state)
         scores = warpers(sequences[:, :position], logits.float())

@@ -256,7 +256,7 @@ class ActorCriticObjective(CaptionObjective):
         joint = TrainingPhase("actor_critic")
         if self.args.value_pretraining_steps == 0:
             return [joint]
-        return [TrainingPhase("value_pretraining", self.args.value_pretraining_steps), joint]
+        return [TrainingPhase("value_pretraining", self.args.value_pretraining_steps, trains_captioner=False), joint]
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer

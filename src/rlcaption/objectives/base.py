@@ -61,10 +61,15 @@ class TrainingPhase:
         name (`str`): logged as the objective's current phase.
         num_steps (`int`, *optional*): optimizer steps the phase lasts; `None` for the last phase, which lasts to the
             end of training.
+        trains_captioner (`bool`, *optional*, defaults to `True`): `False` for a phase that keeps the captioner fixed
+            and trains auxiliary networks only (a pretraining phase; such phases come first). The learning-rate
+            schedule counts the steps that train the captioner only, so that a method with a pretraining phase gives
+            its captioner the schedule of a method without one at the same number of captioner steps.
     """
 
     name: str
     num_steps: int | None = None
+    trains_captioner: bool = True
 
 
 class TrainerInterface(Protocol):
@@ -166,6 +171,16 @@ class CaptionObjective:
             steps[phase.name] = num_steps if phase.num_steps is None else min(phase.num_steps, num_steps)
             num_steps -= steps[phase.name]
         return steps
+
+    def captioner_fixed_steps(self, num_steps: int) -> int:
+        """The optimizer steps at the start of a run of `num_steps` steps that keep the captioner fixed: those of the
+        leading phases that do not train it (see [`TrainingPhase.trains_captioner`])."""
+        fixed_steps = 0
+        for phase, steps in zip(self.phases(), self.steps_by_phase(num_steps).values(), strict=True):
+            if phase.trains_captioner:
+                break
+            fixed_steps += steps
+        return fixed_steps
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """Returns the scalar loss of one batch (a per-batch mean; the trainer scales it for accumulation)."""

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from transformers import GenerationConfig, LogitsProcessorList
 
 from ..decoding import (
     caption_token_mask,
@@ -38,6 +39,7 @@ from ..decoding import (
     repeat_image_inputs,
     selective_log_softmax,
 )
+from ..models.recurrent_decoding import logits_warpers
 from ..models.show_tell_rl import CACHE_NAME
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
@@ -158,15 +160,22 @@ def rollout_prefixes(token_mask: torch.Tensor, num_rollouts: int) -> tuple[torch
     return caption_index.repeat_interleave(num_rollouts), (position + 1).repeat_interleave(num_rollouts)
 
 
-def _sample_from(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float) -> torch.LongTensor:
+def _sample_from(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.LongTensor:
     """
-    Inverse-CDF sampling, one token per row: `uniforms` `(R,)` in [0, 1) fix the draws, so that two decoders that
-    consume the same uniforms for the same rollout step sample the same tokens. Zero-probability tokens are never
-    chosen (the CDF does not rise on them) and the normalised CDF ends at exactly 1.
+    Inverse-CDF sampling, one token per row, from the softmax of `scores` `(R, V)` (logits after the policy's
+    [`logits_warpers`]): `uniforms` `(R,)` in [0, 1) fix the draws, so that two decoders that consume the same uniforms
+    for the same rollout step sample the same tokens. Tokens of zero probability (those top-k and top-p set to −inf)
+    are never chosen (the CDF does not rise on them) and the normalised CDF ends at exactly 1.
     """
-    cumulative = torch.softmax(logits.float() / temperature, dim=-1).cumsum(dim=-1)  # (R, V)
+    cumulative = torch.softmax(scores.float(), dim=-1).cumsum(dim=-1)  # (R, V)
     cumulative = cumulative / cumulative[:, -1:]
     return torch.searchsorted(cumulative, uniforms[:, None].to(cumulative.dtype), right=True).squeeze(1)
+
+
+def _policy_warpers(temperature: float, top_k: int, top_p: float) -> LogitsProcessorList:
+    """The warpers, in `generate()`'s order, that the trainer's samples are drawn with, so that rollouts continue
+    prefixes with the policy that sampled them."""
+    return logits_warpers(GenerationConfig(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p))
 
 
 def _empty_rollouts(sequences: torch.LongTensor, max_length: int, pad_token_id: int) -> Rollouts:
@@ -196,6 +205,8 @@ def sample_rollouts(
     pad_token_id: int,
     image_index: torch.LongTensor | None = None,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
     uniforms: torch.Tensor | None = None,
 ) -> Rollouts:
     """
@@ -210,7 +221,9 @@ def sample_rollouts(
         num_rollouts: K, completions per prefix.
         max_length: the most generated tokens a caption may have (prefix + continuation).
         image_index (`torch.LongTensor` of shape `(N,)`, *optional*): the image row of each caption.
-        temperature: sampling temperature of the policy.
+        temperature, top_k, top_p: the policy's sampling settings, those of the sampled captions (the trainer's
+            `sample_captions`): applied in `generate()`'s order (temperature, top-k, top-p; 0 and 1.0 disable the last
+            two) before each draw.
         uniforms (`torch.FloatTensor` of shape `(R, max_length)`, *optional*): the uniform draws choosing token j of
             rollout row r (inverse-CDF sampling); drawn from torch's global generator when `None`. Row order is that
             of [`rollout_prefixes`].
@@ -226,6 +239,7 @@ def sample_rollouts(
         uniforms = torch.rand(num_rows, max_length, device=sequences.device)
     if image_index is not None:
         image_inputs = repeat_image_inputs(image_inputs, image_index)
+    warpers = _policy_warpers(temperature, top_k, top_p)
 
     with evaluation_mode(model), torch.no_grad():
         # 1. LSTM state after every prefix of the sampled captions: (L, N, T+1, H) each
@@ -239,7 +253,8 @@ def sample_rollouts(
         active = torch.arange(num_rows, device=sequences.device)
         for step in range(int(budget.max())):
             logits, _, state = model.step(tokens, state)  # (A, V)
-            tokens = _sample_from(logits, uniforms[active, step], temperature)  # (A,)
+            # the warpers read the scores only: no tokens so far are passed
+            tokens = _sample_from(warpers(None, logits.float()), uniforms[active, step])  # (A,)
             completed[active, prefix_length[active] + 1 + step] = tokens
             alive = (tokens != eos_token_id) & (step + 1 < budget[active])
             if not bool(alive.any()):
@@ -261,6 +276,8 @@ def sample_rollouts_per_prefix(
     pad_token_id: int,
     image_index: torch.LongTensor | None = None,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
     uniforms: torch.Tensor | None = None,
 ) -> Rollouts:
     """
@@ -275,6 +292,7 @@ def sample_rollouts_per_prefix(
     if uniforms is None:
         uniforms = torch.rand(num_rows, max_length, device=sequences.device)
     completed = _prefix_sequences(sequences, caption_index, prefix_length, max_length + 1, pad_token_id)
+    warpers = _policy_warpers(temperature, top_k, top_p)
     with evaluation_mode(model), torch.no_grad():
         for first in range(0, num_rows, num_rollouts):
             caption, length = int(caption_index[first]), int(prefix_length[first])
@@ -286,7 +304,7 @@ def sample_rollouts_per_prefix(
             rows = torch.arange(first, first + num_rollouts, device=sequences.device)
             alive = torch.ones(num_rollouts, dtype=torch.bool, device=sequences.device)
             for step in range(max_length - length):
-                tokens = _sample_from(logits, uniforms[rows, step], temperature)
+                tokens = _sample_from(warpers(None, logits.float()), uniforms[rows, step])
                 tokens = torch.where(alive, tokens, pad_token_id)
                 completed[rows, length + 1 + step] = tokens
                 alive &= tokens != eos_token_id
@@ -429,7 +447,10 @@ class SpiderPGObjective(CaptionObjective):
         joint = TrainingPhase("policy_gradient")
         if self.args.baseline_pretraining_steps == 0:
             return [joint]
-        return [TrainingPhase("baseline_pretraining", self.args.baseline_pretraining_steps), joint]
+        return [
+            TrainingPhase("baseline_pretraining", self.args.baseline_pretraining_steps, trains_captioner=False),
+            joint,
+        ]
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer
@@ -451,6 +472,7 @@ class SpiderPGObjective(CaptionObjective):
         rollouts = sample_rollouts(
             policy, image_inputs, sequences, token_mask, args.num_rollouts, args.max_caption_length,
             trainer.eos_token_id, self.pad_token_id, image_index=sample_index, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p,
         )  # fmt: skip
         rollout_rewards = np.zeros(0)
         if rollouts.caption_index.numel():

@@ -51,8 +51,10 @@ Choices where the paper leaves a detail open:
   and the Trainer's single optimizer step updates both. The paper updates D at the start of an iteration; here the
   rewards use D as it is at the start of the step, one update behind, so that a batch is one optimizer step.
 - Each process contrasts its own per-device batch (`T` and `I` are per process).
-- The discriminator reads the text embedding alone, as the paper states; the authors' code feeds it the image
-  embedding concatenated with the text's.
+- The discriminator reads the text embedding alone by default (`discriminator_input="text"`), as the paper describes
+  it (Sec. 3.2, "an MLP ... taking as input the representations computed by CLIP"). The authors' code feeds it the
+  image's CLIP embedding concatenated with the caption's: `discriminator_input="image_text"` does the same, so D can
+  also tell a caption that does not fit its image from the ground truth.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 
 __all__ = [
+    "DISCRIMINATOR_INPUTS",
     "MINED_NEIGHBOURS_NAME",
     "WTF_VARIANTS",
     "Discriminator",
@@ -83,6 +86,8 @@ __all__ = [
 ]
 
 WTF_VARIANTS = ("wtf_rl", "wtf", "rl", "rl_unidirectional", "scst_discriminator", "tf")
+# What the discriminator reads: the caption's CLIP embedding, or its image's concatenated with it
+DISCRIMINATOR_INPUTS = ("text", "image_text")
 # The mined neighbours of the training images, in the output directory: a resumed run reads them instead of mining.
 MINED_NEIGHBOURS_NAME = "mined_neighbours.safetensors"
 
@@ -159,6 +164,14 @@ class WTFConfig(RLCaptionConfig):
         default=512,
         metadata={"help": "Hidden width of the `wtf` discriminator, a 3-layer MLP on the CLIP text embedding."},
     )
+    discriminator_input: str = field(
+        default="text",
+        metadata={
+            "help": "What the `wtf` discriminator reads: `text`, the caption's CLIP embedding (as Chaffin et al. 2024 "
+            "describe it), or `image_text`, the image's CLIP embedding concatenated with the caption's (as the "
+            "authors' code does), so that it also judges whether the caption fits its image."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -189,30 +202,50 @@ class WTFConfig(RLCaptionConfig):
             )
         if self.discriminator_hidden_size < 1:
             raise ValueError(f"discriminator_hidden_size must be >= 1, got {self.discriminator_hidden_size}.")
+        if self.discriminator_input not in DISCRIMINATOR_INPUTS:
+            raise ValueError(f"discriminator_input={self.discriminator_input!r} is not one of {DISCRIMINATOR_INPUTS}.")
 
 
 class Discriminator(nn.Module):
     """
-    Chaffin et al.'s discriminator D: a 3-layer MLP from a frozen CLIP text embedding to the logit of P(human-written).
+    Chaffin et al.'s discriminator D: a 3-layer MLP from frozen CLIP embeddings to the logit of P(human-written): of
+    the caption's text embedding, or, with `reads_image`, of its image's embedding concatenated with it (as the
+    authors' code does).
 
     Args:
-        embedding_size (`int`): width of the CLIP's text embeddings.
+        embedding_size (`int`): width of the CLIP's embeddings.
         hidden_size (`int`): width of the two hidden layers.
+        reads_image (`bool`, *optional*, defaults to `False`): whether D reads the image's embedding too.
     """
 
-    def __init__(self, embedding_size: int, hidden_size: int):
+    def __init__(self, embedding_size: int, hidden_size: int, reads_image: bool = False):
         super().__init__()
+        self.reads_image = reads_image
+        input_size = 2 * embedding_size if reads_image else embedding_size
         self.mlp = nn.Sequential(
-            nn.Linear(embedding_size, hidden_size),
+            nn.Linear(input_size, hidden_size),
             nn.ReLU(),
             nn.Linear(hidden_size, hidden_size),
             nn.ReLU(),
             nn.Linear(hidden_size, 1),
         )
 
-    def forward(self, text_embeddings: torch.FloatTensor) -> torch.FloatTensor:
-        """`(N, embedding_size)` text embeddings -> `(N,)` logits; `sigmoid` of them is `p_D`."""
-        return self.mlp(text_embeddings.detach()).squeeze(-1)
+    def forward(
+        self, text_embeddings: torch.FloatTensor, image_embeddings: torch.FloatTensor | None = None
+    ) -> torch.FloatTensor:
+        """
+        `(N, embedding_size)` text embeddings, and with `reads_image` the `(N, embedding_size)` embeddings of their
+        images, -> `(N,)` logits; `sigmoid` of them is `p_D`.
+        """
+        if self.reads_image != (image_embeddings is not None):
+            raise ValueError(
+                f"This discriminator reads {'the image and the text' if self.reads_image else 'the text only'}; "
+                f"got {'no ' if image_embeddings is None else ''}image embeddings."
+            )
+        inputs = text_embeddings.detach()
+        if self.reads_image:
+            inputs = torch.cat([image_embeddings.detach().to(inputs), inputs], dim=-1)  # (N, 2 * embedding_size)
+        return self.mlp(inputs).squeeze(-1)
 
 
 @dataclass
@@ -362,7 +395,9 @@ class WTFObjective(CaptionObjective):
         with args.main_process_first(desc="mining the CLIP neighbours of the training images"):
             self.reward.prepare(trainer.train_dataset, processor)
         embedding_size = self.reward.mined.image_embeddings.size(1)
-        self.discriminator = Discriminator(embedding_size, args.discriminator_hidden_size)
+        self.discriminator = Discriminator(
+            embedding_size, args.discriminator_hidden_size, reads_image=args.discriminator_input == "image_text"
+        )
 
     def auxiliary_networks(self) -> dict[str, AuxiliaryNetwork]:
         return {
@@ -373,7 +408,12 @@ class WTFObjective(CaptionObjective):
         joint = TrainingPhase("joint")
         if self.args.discriminator_pretraining_steps == 0:
             return [joint]
-        return [TrainingPhase("discriminator_pretraining", self.args.discriminator_pretraining_steps), joint]
+        return [
+            TrainingPhase(
+                "discriminator_pretraining", self.args.discriminator_pretraining_steps, trains_captioner=False
+            ),
+            joint,
+        ]
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer
@@ -387,13 +427,18 @@ class WTFObjective(CaptionObjective):
         greedy_texts = [] if pretraining else trainer.greedy_captions(image_inputs).texts
         ground_truth_ids, ground_truth_attention, ground_truth_texts = self._ground_truth(inputs, batch_size)
 
-        # 2. D on the frozen CLIP text embeddings: ground truth is human-written (1), beam-search captions are not (0)
+        # 2. D on the frozen CLIP embeddings (the text's, or the image's and the text's): ground truth is
+        # human-written (1), beam-search captions are not (0)
         embeddings = self.reward.embed_texts([*beam.texts, *greedy_texts, *ground_truth_texts])  # (2B or 3B, D)
         device = beam.sequences.device
         beam_embeddings, ground_truth_embeddings = embeddings[:batch_size], embeddings[-batch_size:]
-        logits = trainer.auxiliary_network("discriminator")(
-            torch.cat([ground_truth_embeddings, beam_embeddings]).to(device)
-        ).float()  # (2B,)
+        image_columns = {"image_id": inputs.get("image_id"), "pixel_values": inputs.get("pixel_values")}
+        logits = self.discriminator_logits(
+            torch.cat([ground_truth_embeddings, beam_embeddings]),
+            list(range(batch_size)) * 2,
+            image_columns,
+            batch_size,
+        )  # (2B,)
         labels = torch.cat([torch.ones(batch_size), torch.zeros(batch_size)]).to(device)
         discriminator_loss = F.binary_cross_entropy_with_logits(logits, labels)
         probabilities = torch.sigmoid(logits.detach()).double().cpu()  # p_D: ground truth, then beam search
@@ -403,7 +448,6 @@ class WTFObjective(CaptionObjective):
 
         # 3. rewards: eq. 2 over T = {x_bs, x_gs, x_gt of every image} and I = batch images + mined neighbours
         text_image_index = list(range(batch_size)) * 3
-        image_columns = {"image_id": inputs.get("image_id"), "pixel_values": inputs.get("pixel_values")}
         contrastive = self.reward.rewards(embeddings, text_image_index, image_columns, batch_size)
         parts = WTFRewardParts(
             beam=contrastive.select(slice(0, batch_size)),
@@ -431,6 +475,35 @@ class WTFObjective(CaptionObjective):
         )  # fmt: skip
         self._record_rewards(parts, beam_rewards, ground_truth_rewards, policy_loss, beam.sequences)
         return policy_loss + discriminator_loss
+
+    def discriminator_logits(
+        self,
+        text_embeddings: torch.Tensor,
+        text_image_index: Sequence[int],
+        image_columns: dict[str, Any],
+        num_images: int,
+    ) -> torch.FloatTensor:
+        """
+        D's logits of captions, through the wrapped discriminator.
+
+        Args:
+            text_embeddings (`torch.FloatTensor` of shape `(N, dim)`): the captions' CLIP embeddings.
+            text_image_index (`Sequence[int]` of length `N`): the batch image of every caption.
+            image_columns: one row per batch image: `image_id`, `pixel_values` (see [`ContrastiveReward.image_set`]);
+                read with `discriminator_input="image_text"` only.
+            num_images (`int`): the batch's images.
+
+        Returns:
+            `torch.FloatTensor` of shape `(N,)`.
+        """
+        discriminator = self.trainer.auxiliary_network("discriminator")
+        device = next(self.discriminator.parameters()).device
+        if self.args.discriminator_input == "text":
+            return discriminator(text_embeddings.to(device)).float()
+        # the batch's images come first in the contrastive reward's image set, in their order
+        image_embeddings = self.reward.image_set(image_columns, num_images)[:num_images]  # (B, dim)
+        captions_images = image_embeddings[list(text_image_index)]  # (N, dim)
+        return discriminator(text_embeddings.to(device), captions_images.to(device)).float()
 
     def _ground_truth(
         self, inputs: dict[str, Any], batch_size: int

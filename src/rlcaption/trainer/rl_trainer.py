@@ -27,6 +27,7 @@ from ..objectives.base import AuxiliaryNetwork, get_objective_class
 from ..rewards import RewardMix, get_reward, is_group_reward, reward_parameters
 from ..rl_config import RLCaptionConfig
 from .caption_evaluation import CaptionEvaluationMixin
+from .learning_rate_schedule import captioner_step_schedule
 
 __all__ = [
     "AUXILIARY_NETWORKS_NAME",
@@ -462,6 +463,20 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             )
         return optimizer
 
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        # The schedule counts the steps that train the captioner (see learning_rate_schedule): a pretraining phase
+        # of the objective leaves it at its start, so that the captioner gets the schedule of a run without one
+        if self.lr_scheduler is None:
+            fixed_steps = self.objective.captioner_fixed_steps(num_training_steps)
+            schedule = super().create_scheduler(num_training_steps - fixed_steps, optimizer)
+            decay_interval = None
+            if self.args.lr_decay_factor != 1.0:
+                decay_interval = max(round(self.args.lr_decay_epochs * self.steps_per_epoch()), 1)
+            self.lr_scheduler = captioner_step_schedule(
+                schedule, fixed_steps, self.args.lr_decay_factor, decay_interval
+            )
+        return self.lr_scheduler
+
     # ------------------------------------------------------------------ loss and logging
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
         """The mixed precision of `--bf16`/`--fp16` around the whole loss computation.
@@ -613,9 +628,11 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         """The optimizer steps of the whole run: `max_steps`, or the epochs' steps as the Trainer counts them."""
         if self.args.max_steps > 0:
             return self.args.max_steps
-        batches = len(self.get_train_dataloader())
-        steps_per_epoch = max(batches // self.args.gradient_accumulation_steps, 1)
-        return math.ceil(self.args.num_train_epochs * steps_per_epoch)
+        return math.ceil(self.args.num_train_epochs * self.steps_per_epoch())
+
+    def steps_per_epoch(self) -> int:
+        """The optimizer steps of one epoch, as the Trainer counts them."""
+        return max(len(self.get_train_dataloader()) // self.args.gradient_accumulation_steps, 1)
 
     def _reached_max_steps(self, checkpoint: str) -> bool:
         state_file = os.path.join(checkpoint, _CHECKPOINT_COMPLETE_MARKER)

@@ -8,6 +8,7 @@ import rlcaption.auto  # noqa: F401  (registers the Auto classes)
 from rlcaption.captioners import captioner_for
 from rlcaption.models import PolicyValueCaptioner, PolicyValueConfig, ShowTellRL, ShowTellRLConfig
 from rlcaption.models.policy_value import ValueLookaheadLogitsProcessor
+from rlcaption.models.policy_value.configuration_policy_value import VALUE_RNN_TYPES
 from rlcaption.models.policy_value.modeling_policy_value import DEFAULT_LOOKAHEAD_CANDIDATES
 from rlcaption.processing import CaptionProcessor
 
@@ -24,18 +25,19 @@ def tiny_policy_config(**overrides) -> ShowTellRLConfig:
     return ShowTellRLConfig(**fields)
 
 
-def tiny_config(**policy_overrides) -> PolicyValueConfig:
+def tiny_config(value_rnn_type: str = "gru", **policy_overrides) -> PolicyValueConfig:
     return PolicyValueConfig(
         policy_config=tiny_policy_config(**policy_overrides),
         value_word_embedding_size=12,
         value_hidden_size=20,
         value_mlp_hidden_size=18,
+        value_rnn_type=value_rnn_type,
     )
 
 
-def tiny_model(seed: int = 0, **policy_overrides) -> PolicyValueCaptioner:
+def tiny_model(seed: int = 0, value_rnn_type: str = "gru", **policy_overrides) -> PolicyValueCaptioner:
     torch.manual_seed(seed)
-    model = PolicyValueCaptioner(tiny_config(**policy_overrides)).eval()
+    model = PolicyValueCaptioner(tiny_config(value_rnn_type, **policy_overrides)).eval()
     with torch.no_grad():  # values of order 1 (a fresh head outputs about 0), so that lookahead changes the beams
         model.value_network.value_head[-1].weight.mul_(50.0)
     return model
@@ -58,6 +60,9 @@ def test_config_serialises_the_policy_and_rejects_a_value_network_it_cannot_buil
     assert reloaded.policy_config.to_dict() == config.policy_config.to_dict()
     with pytest.raises(ValueError, match="divisible"):
         PolicyValueConfig(policy_config=tiny_policy_config(), value_cnn_channels=[4, 4, 4, 4, 4])
+    assert config.value_rnn_type == "gru"  # the published checkpoints' value network
+    with pytest.raises(ValueError, match="value_rnn_type='rnn' is not one of"):
+        PolicyValueConfig(policy_config=tiny_policy_config(), value_rnn_type="rnn")
     with pytest.raises(ValueError, match="value_hidden_size"):
         PolicyValueConfig(policy_config=tiny_policy_config(), value_hidden_size=0)
 
@@ -81,9 +86,10 @@ def test_generate_forward_and_caption_tokens_are_the_policy_s():
     assert (captioner.tokens.start_token_id, captioner.tokens.end_token_id) == (BOS, EOS)
 
 
-def test_save_load_round_trip_and_auto_classes(tmp_path):
+@pytest.mark.parametrize("value_rnn_type", VALUE_RNN_TYPES)
+def test_save_load_round_trip_and_auto_classes(tmp_path, value_rnn_type):
     processor = CaptionProcessor.from_captions(["a red circle", "a blue square left of a green star"], image_size=16)
-    model = tiny_model(vocab_size=len(processor.tokenizer))
+    model = tiny_model(vocab_size=len(processor.tokenizer), value_rnn_type=value_rnn_type)
     model.generation_config.max_length = 6
     pixel_values = random_pixels(2)
     captions = model.generate(pixel_values=pixel_values, num_beams=2)
@@ -92,6 +98,7 @@ def test_save_load_round_trip_and_auto_classes(tmp_path):
     processor.save_pretrained(tmp_path)
 
     loaded = PolicyValueCaptioner.from_pretrained(tmp_path).eval()
+    assert type(loaded.value_network.caption_rnn) is {"gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[value_rnn_type]
     assert loaded.generation_config.max_length == 6
     assert torch.equal(loaded.generate(pixel_values=pixel_values, num_beams=2), captions)
     assert torch.equal(loaded.generate(pixel_values=pixel_values, num_beams=2, lookahead_lambda=0.4), lookahead)
@@ -105,8 +112,9 @@ def test_save_load_round_trip_and_auto_classes(tmp_path):
     assert type(AutoProcessor.from_pretrained(tmp_path)) is CaptionProcessor
 
 
-def test_value_gives_v_of_every_prefix():
-    model = tiny_model()
+@pytest.mark.parametrize("value_rnn_type", VALUE_RNN_TYPES)
+def test_value_gives_v_of_every_prefix(value_rnn_type):
+    model = tiny_model(value_rnn_type=value_rnn_type)
     pixel_values = random_pixels(2)
     captions = random_captions(4, 6)
     image_index = torch.tensor([0, 0, 1, 1])
@@ -122,8 +130,9 @@ def test_value_gives_v_of_every_prefix():
     assert not torch.allclose(values[0], values[2])  # and so does the image
 
 
-def test_value_skips_padding_left_right_and_after_the_end():
-    model = tiny_model()
+@pytest.mark.parametrize("value_rnn_type", VALUE_RNN_TYPES)
+def test_value_skips_padding_left_right_and_after_the_end(value_rnn_type):
+    model = tiny_model(value_rnn_type=value_rnn_type)
     pixel_values = random_pixels(1)
     caption = torch.tensor([[BOS, 5, 9, EOS]])
     expected = model.value(pixel_values, caption)  # (1, 4)
@@ -207,8 +216,9 @@ def test_from_policy_copies_the_policy_and_its_fixed_encoder():
 # ---------------------------------------------------------------- lookahead decoding
 
 
-def test_next_token_values_equal_the_values_of_the_extended_prefixes():
-    model = tiny_model()
+@pytest.mark.parametrize("value_rnn_type", VALUE_RNN_TYPES)
+def test_next_token_values_equal_the_values_of_the_extended_prefixes(value_rnn_type):
+    model = tiny_model(value_rnn_type=value_rnn_type)
     pixel_values = random_pixels(2)
     prefixes = torch.tensor([[PAD, BOS, 7, 8], [BOS, 4, 5, 6]])  # a left-padded prompt, and a plain prefix
     candidates = torch.tensor([[EOS, 3, 11], [9, 9, 20]])

@@ -6,7 +6,9 @@ from transformers import PretrainedConfig
 
 from rlcaption.models.show_tell_rl import ShowTellRLConfig
 
-__all__ = ["PolicyValueConfig"]
+__all__ = ["VALUE_RNN_TYPES", "PolicyValueConfig"]
+
+VALUE_RNN_TYPES = ("gru", "lstm")
 
 
 class PolicyValueConfig(PretrainedConfig):
@@ -15,8 +17,9 @@ class PolicyValueConfig(PretrainedConfig):
     `policy_config`) and a value network `v(s_t)` that predicts the final reward of a caption from the image and a
     partial caption: its own image encoder, of the policy's kind (a CNN, a copy of the policy's vision backbone, or
     the policy's precomputed features, pooled by their masked mean over grids and regions) mapped to
-    `value_hidden_size`, its own word embeddings and GRU over the partial caption, and a three-layer perceptron on the
-    concatenated image embedding and GRU state (Shi et al. 2018, Fig. 3; a 3-layer perceptron in its Sec. 4.1).
+    `value_hidden_size`, its own word embeddings and recurrent network (a GRU, or Ren et al. 2017's LSTM) over the
+    partial caption, and a three-layer perceptron on the concatenated image embedding and recurrent state (Shi et al.
+    2018, Fig. 3; a 3-layer perceptron in its Sec. 4.1).
 
     Args:
         policy_config ([`ShowTellRLConfig`] or `dict`, *optional*):
@@ -26,7 +29,10 @@ class PolicyValueConfig(PretrainedConfig):
         value_word_embedding_size (`int`, *optional*, defaults to 512):
             Width of the value network's word embeddings.
         value_hidden_size (`int`, *optional*, defaults to 512):
-            State size of the value network's GRU, and width of its image embedding.
+            State size of the value network's recurrent network, and width of its image embedding.
+        value_rnn_type (`str`, *optional*, defaults to `"gru"`):
+            The value network's recurrent network over the partial caption: `"gru"`, or `"lstm"` as in Ren et al.
+            2017. The default is the GRU that published checkpoints were trained with.
         value_mlp_hidden_size (`int`, *optional*, defaults to 512):
             Width of the two hidden layers of the value network's perceptron.
         value_cnn_channels (`list[int]`, *optional*):
@@ -56,6 +62,7 @@ class PolicyValueConfig(PretrainedConfig):
         value_word_embedding_size: int = 512,
         value_hidden_size: int = 512,
         value_mlp_hidden_size: int = 512,
+        value_rnn_type: str = "gru",
         value_cnn_channels: list[int] | tuple[int, ...] | None = None,
         freeze_value_image_encoder: bool = False,
         initializer_range: float = 0.02,
@@ -69,6 +76,7 @@ class PolicyValueConfig(PretrainedConfig):
         self.value_word_embedding_size = value_word_embedding_size
         self.value_hidden_size = value_hidden_size
         self.value_mlp_hidden_size = value_mlp_hidden_size
+        self.value_rnn_type = value_rnn_type
         if value_cnn_channels is None and policy_config.encoder_type == "cnn":
             value_cnn_channels = policy_config.cnn_channels
         self.value_cnn_channels = None if value_cnn_channels is None else list(value_cnn_channels)
@@ -94,6 +102,8 @@ class PolicyValueConfig(PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"PolicyValueConfig.{name} must be a positive int, got {value!r}.")
+        if self.value_rnn_type not in VALUE_RNN_TYPES:
+            raise ValueError(f"value_rnn_type={self.value_rnn_type!r} is not one of {VALUE_RNN_TYPES}.")
         encoder_type = self.policy_config.encoder_type
         if encoder_type == "cnn":
             channels = self.value_cnn_channels

@@ -5,9 +5,9 @@ The policy `p_π(a_t | s_t)` is a [`ShowTellRL`] captioner: `generate`, `forward
 PolicyValueCaptioner are the policy's, so every objective and evaluation that captions works on it unchanged. The
 value network ([`ValueNetwork`]) predicts the final reward `v(s_t)` of a partial caption `s_t` from its own image
 encoder (of the policy's kind: a CNN, a vision backbone, or precomputed features, pooled over grids and regions), its
-own word embeddings and GRU over the partial caption, and a three-layer perceptron; it shares no parameter with the
-policy, so its regression loss never reaches the policy. [`PolicyValueCaptioner.value`] gives `v(s_t)` for every prefix
-of given captions.
+own word embeddings and GRU (or LSTM) over the partial caption, and a three-layer perceptron; it shares no parameter
+with the policy, so its regression loss never reaches the policy. [`PolicyValueCaptioner.value`] gives `v(s_t)` for
+every prefix of given captions.
 
 Inference uses both networks: `generate(..., num_beams=k, lookahead_lambda=λ)` is Ren et al.'s lookahead beam search
 ([`ValueLookaheadLogitsProcessor`]), which ranks the extensions of the beams by `λ · log p_π + (1 − λ) · v(s_{t+1})`.
@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import initialization as init
 
 from rlcaption.models.detachable import DetachableNetworkMixin
 from rlcaption.models.encoders import build_image_encoder, image_encoder_arguments, init_cnn_and_gru_weights
@@ -63,8 +64,8 @@ class ValueNetwork(nn.Module):
 
     The image goes through the network's own encoder, of the policy's kind (a CNN, a vision backbone, or the policy's
     precomputed features: pooled vectors, or the masked mean of a grid or of regions), a linear map and a LayerNorm;
-    the partial caption through the network's own word embeddings and a GRU from a zero state; a three-layer perceptron
-    maps `[image embedding; GRU state]` to a scalar.
+    the partial caption through the network's own word embeddings and a GRU (or an LSTM, `value_rnn_type`) from a zero
+    state; a three-layer perceptron maps `[image embedding; recurrent state]` to a scalar.
 
     Args:
         config ([`PolicyValueConfig`]): the value network's sizes and the policy's vocabulary and image input.
@@ -79,7 +80,9 @@ class ValueNetwork(nn.Module):
         # bounded-scale image features for the regression head, as the policy's image input (see ShowTellRL)
         self.image_norm = nn.LayerNorm(hidden_size)
         self.word_embeddings = nn.Embedding(policy_config.vocab_size, config.value_word_embedding_size)
-        self.caption_rnn = nn.GRU(config.value_word_embedding_size, hidden_size, batch_first=True)
+        # a GRU by default (published checkpoints); Ren et al. 2017's value network reads the caption with an LSTM
+        rnn_class = nn.LSTM if config.value_rnn_type == "lstm" else nn.GRU
+        self.caption_rnn = rnn_class(config.value_word_embedding_size, hidden_size, batch_first=True)
         mlp_size = config.value_mlp_hidden_size
         self.value_head = nn.Sequential(
             nn.Linear(2 * hidden_size, mlp_size), nn.ReLU(), nn.Linear(mlp_size, mlp_size), nn.ReLU(),
@@ -102,21 +105,34 @@ class ValueNetwork(nn.Module):
         return self.image_norm(self.image_projection(features))  # (I, H)
 
     def _prefix_states(
-        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None
-    ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, final_state: bool = False
+    ) -> tuple[torch.FloatTensor, torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None]:
         """
-        The GRU state after every prefix of `input_ids` `(N, T)`, the tokens where `attention_mask` is 0 skipped (left
-        or right padding, or holes): `(N, T, H)`, and the state after the whole prefix `(N, H)`.
+        The recurrent output after every prefix of `input_ids` `(N, T)`, the tokens where `attention_mask` is 0 skipped
+        (left or right padding, or holes): `(N, T, H)`; and, with `final_state`, the recurrent state after the whole
+        prefix to continue from: `(1, N, H)` for a GRU, its `(h, c)` for an LSTM (whose cell is not in its outputs).
         """
         mask = input_ids != self.pad_token_id if attention_mask is None else attention_mask.bool()
-        # the tokens read moved to the front, in order: one GRU call from the zero state reads every row's tokens
-        # (the GRU is causal, so what it reads after a row's last token never reaches the states gathered below)
+        # the tokens read moved to the front, in order: one call from the zero state reads every row's tokens (the
+        # network is causal, so what it reads after a row's last token never reaches the states gathered below)
         order = torch.sort((~mask).long(), dim=1, stable=True).indices
-        outputs, _ = self.caption_rnn(self.word_embeddings(input_ids.gather(1, order)))  # (N, T, H)
+        embedded = self.word_embeddings(input_ids.gather(1, order))  # (N, T, W)
+        outputs, _ = self.caption_rnn(embedded)  # (N, T, H)
         states = torch.cat([outputs.new_zeros(outputs.shape[0], 1, outputs.shape[2]), outputs], dim=1)  # (N, T+1, H)
         num_read = mask.long().cumsum(dim=1)  # (N, T): tokens read up to each position
         prefix_states = states.gather(1, num_read[:, :, None].expand(-1, -1, states.shape[2]))  # (N, T, H)
-        return prefix_states, prefix_states[:, -1]
+        if not final_state:
+            return prefix_states, None
+        if isinstance(self.caption_rnn, nn.GRU):
+            return prefix_states, prefix_states[:, -1][None]  # a GRU's state is its output
+        # the LSTM's (h, c) after each row's last read token, from the same tokens packed to their lengths
+        lengths = num_read[:, -1]
+        packed = nn.utils.rnn.pack_padded_sequence(
+            embedded, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
+        )
+        _, (hidden, cell) = self.caption_rnn(packed)  # (1, N, H) each
+        read_any = (lengths > 0)[None, :, None]  # a row that read nothing stays at the zero state
+        return prefix_states, (hidden * read_any, cell * read_any)
 
     def _values(self, image_embeddings: torch.FloatTensor, states: torch.FloatTensor) -> torch.FloatTensor:
         """The value head on `[image; state]`: `(..., H)` and `(..., H)` -> `(...)`."""
@@ -140,8 +156,8 @@ class ValueNetwork(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.FloatTensor, torch.FloatTensor]:
         """
-        The value of each prefix and of its extension by each candidate token, from one GRU pass over the prefixes
-        and one step for all candidates.
+        The value of each prefix and of its extension by each candidate token, from one recurrent pass over the
+        prefixes and one step for all candidates.
 
         Args:
             image_embeddings (`torch.FloatTensor` of shape `(N, H)`): each row's [`encode_images`].
@@ -152,10 +168,14 @@ class ValueNetwork(nn.Module):
         Returns:
             `(v(s_t), v(s_t + a))`: `torch.FloatTensor`s of shapes `(N,)` and `(N, K)`.
         """
-        _, last_states = self._prefix_states(input_ids, attention_mask)  # (N, H)
+        prefix_states, final_state = self._prefix_states(input_ids, attention_mask, final_state=True)
+        last_states = prefix_states[:, -1]  # (N, H)
         num_rows, num_candidates = candidate_ids.shape
         candidates = self.word_embeddings(candidate_ids.reshape(-1, 1))  # (N*K, 1, W)
-        initial = last_states.repeat_interleave(num_candidates, dim=0)[None]  # (1, N*K, H)
+        if isinstance(final_state, tuple):  # an LSTM's (h, c)
+            initial = tuple(part.repeat_interleave(num_candidates, dim=1) for part in final_state)  # (1, N*K, H) each
+        else:
+            initial = final_state.repeat_interleave(num_candidates, dim=1)  # (1, N*K, H)
         extended, _ = self.caption_rnn(candidates, initial)  # (N*K, 1, H)
         extended = extended.reshape(num_rows, num_candidates, -1)  # (N, K, H)
         return self._values(image_embeddings, last_states), self._values(image_embeddings[:, None, :], extended)
@@ -254,7 +274,10 @@ class PolicyValuePreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # The policy is a sub-model, initialised by its own `_init_weights`: only the value network's layers come here.
-        if not init_cnn_and_gru_weights(module):
+        if isinstance(module, nn.LSTM):  # as the GRU: Xavier-uniform weights, zero biases
+            for name, parameter in module.named_parameters():
+                (init.xavier_uniform_ if "weight" in name else init.zeros_)(parameter)
+        elif not init_cnn_and_gru_weights(module):
             super()._init_weights(module)
 
 

@@ -73,6 +73,7 @@ def test_actor_critic_gives_its_policy_the_learning_rates_scst_gives_over_its_po
         ("actor_critic", {"value_pretraining_steps": PRETRAINING_STEPS}, "policy_value"),
         ("spider_pg", {"baseline_pretraining_steps": PRETRAINING_STEPS}, "show_tell"),
         ("wtf", {"discriminator_pretraining_steps": PRETRAINING_STEPS}, "show_tell"),
+        ("psst", {"listener_pretraining_steps": PRETRAINING_STEPS}, "speaker_listener"),
     ],
 )
 def test_every_pretraining_phase_holds_the_base_rates_and_delays_the_schedule(

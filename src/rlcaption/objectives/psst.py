@@ -336,7 +336,8 @@ class PSSTObjective(CaptionObjective):
         joint = TrainingPhase("joint")
         if self.args.listener_pretraining_steps == 0:
             return [joint]
-        return [TrainingPhase("listener_pretraining", self.args.listener_pretraining_steps), joint]
+        warm_up = TrainingPhase("listener_pretraining", self.args.listener_pretraining_steps, trains_captioner=False)
+        return [warm_up, joint]
 
     def gumbel_temperature(self) -> float:
         """The Gumbel-softmax temperature τ of the current optimizer step (`gumbel_temperature_schedule`)."""

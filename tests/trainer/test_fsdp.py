@@ -40,7 +40,8 @@ def assert_trained_fully_sharded(reports: list[dict]) -> None:
     assert reports[0]["losses"] == reports[1]["losses"]
 
 
-@pytest.mark.parametrize("objective", ["xe", "scst"])
+# scst samples, scores and updates the sharded model; xe's teacher forcing is the same forward without sampling
+@pytest.mark.parametrize("objective", [pytest.param("xe", marks=pytest.mark.slow), "scst"])
 def test_objectives_train_a_fully_sharded_captioner_on_two_cpu_processes(tmp_path, objective):
     result = launch_fsdp(tmp_path / "out", tmp_path / "cache", objective)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -67,6 +68,7 @@ def test_a_fully_sharded_scst_run_killed_after_a_checkpoint_resumes_as_if_never_
     assert actual[0]["losses"] == expected[0]["losses"]
 
 
+@pytest.mark.slow  # the refusal itself is tested without launching in test_rl_trainer.py
 def test_an_objective_with_an_auxiliary_network_is_refused_under_fsdp_on_two_processes(tmp_path):
     result = launch_fsdp(tmp_path / "out", tmp_path / "cache", "test_critic")
     assert result.returncode != 0

@@ -8,29 +8,19 @@ checkpoint.
 import json
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 
 import critic_objective  # noqa: F401  (registers test_critic, an objective with an auxiliary network)
 from conftest import make_tiny_model, two_process_shapes
 from fsdp_on_cpu import shard_cpu_processes_with_fsdp
+from kill_at_step import KillAtStep
 from torch.distributed.tensor import DTensor
-from transformers import TrainerCallback
 
 from rlcaption.models import ShowTellRL
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, last_complete_checkpoint
 
 MAX_STEPS = 3
-
-
-class KillAtStep(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and state.is_world_process_zero:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def flat(tensors) -> list[float]:

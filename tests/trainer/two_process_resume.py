@@ -5,28 +5,17 @@ killed with SIGKILL at the end of a step; a later launch resumes from the newest
 """
 
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
 import torch
 from conftest import make_tiny_model, two_process_shapes
 from critic_objective import GroupNovelty
-from transformers import TrainerCallback
+from kill_at_step import KillAtStep
 
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, last_complete_checkpoint
 
 MAX_STEPS = 4
-
-
-class KillAtStep(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and state.is_world_process_zero:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def flat(tensors) -> list[float]:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPOSITORY = Path(__file__).resolve().parent.parent
 TRAINING_STAGES = ["xe", "scst", "spider_pg", "sle", "wtf", "psst", "embedding", "actor_critic"]
 
@@ -18,7 +20,9 @@ def table_rows(output: str) -> list[dict[str, str]]:
     return [dict(zip(header, row, strict=True)) for row in cells]
 
 
-def test_the_tiny_dry_run_reports_every_stage_on_grids_regions_and_images(tmp_path):
+# regions in the main suite; the ViT's grid and images (the same stages, twice the time) with the slow tests
+@pytest.mark.parametrize("encoder", ["regions", pytest.param("vit_b16", marks=pytest.mark.slow)])
+def test_the_tiny_dry_run_reports_every_stage(encoder, tmp_path):
     env = {
         **os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
         "PYTHONPATH": os.pathsep.join([str(REPOSITORY / "src"), os.environ.get("PYTHONPATH", "")]),
@@ -26,7 +30,7 @@ def test_the_tiny_dry_run_reports_every_stage_on_grids_regions_and_images(tmp_pa
     result = subprocess.run(
         [
             sys.executable, str(REPOSITORY / "benchmarks" / "paper_scale.py"), "--tiny", "--num-images", "12",
-            "--steps", "1", "--batch-size", "4", "--encoders", "vit_b16", "regions",
+            "--steps", "1", "--batch-size", "4", "--encoders", encoder,
             "--output-dir", str(tmp_path / "run"),
         ],
         env=env, capture_output=True, text=True, timeout=600,
@@ -34,9 +38,9 @@ def test_the_tiny_dry_run_reports_every_stage_on_grids_regions_and_images(tmp_pa
     assert result.returncode == 0, result.stderr[-3000:]
     rows = table_rows(result.stdout)
     expected = [("dataset", "JPEG files")]
-    for inputs in ("vit_b16", "regions"):
-        expected += [("features", inputs), *((stage, inputs) for stage in TRAINING_STAGES)]
-    expected.append(("xe", "vit_b16 on images"))
+    expected += [("features", encoder), *((stage, encoder) for stage in TRAINING_STAGES)]
+    if encoder == "vit_b16":
+        expected.append(("xe", "vit_b16 on images"))
     assert [(row["stage"], row["input"]) for row in rows] == expected
     for row in rows:
         assert float(row["images/s"]) > 0 and float(row["peak RSS MiB"].replace(",", "")) > 0, row
@@ -46,4 +50,4 @@ def test_the_tiny_dry_run_reports_every_stage_on_grids_regions_and_images(tmp_pa
     assert {row["peak GPU MiB"] for row in rows} == {"–"}
     # a training stage trains on steps x batch images, 1 step more for a method's pretraining phase
     images = {(row["stage"], row["input"]): int(row["images"]) for row in rows}
-    assert images["scst", "regions"] == 4 and images["wtf", "regions"] == 8 and images["features", "vit_b16"] == 12
+    assert images["scst", encoder] == 4 and images["wtf", encoder] == 8 and images["features", encoder] == 12

@@ -7,6 +7,8 @@ import json
 import datasets
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 from transformers import ViTConfig, ViTImageProcessor, ViTModel
 
 from rlcaption import recipes
@@ -178,3 +180,31 @@ def test_xe_refuses_two_image_encoders(tmp_path):
         load_recipe("train_xe").main([
             "--output_dir", str(tmp_path), "--vision_model", "google/vit-base-patch16-224", "--image_features", "f",
         ])  # fmt: skip
+
+
+def test_actor_critic_on_regions_resumes_as_if_never_stopped(regions_warm_start, region_features, tmp_path, capsys):
+    """The value network's region encoder and masks are saved and restored with the policy's: a run stopped after a
+    checkpoint and resumed ends with the weights of a run that never stopped."""
+
+    def actor_critic(output_dir, max_steps):
+        arguments = [
+            "--model_name_or_path", str(regions_warm_start[0]), "--output_dir", str(output_dir),
+            "--image_features", str(region_features), "--num_samples_per_image", "2",
+            "--value_pretraining_steps", "1", "--value_hidden_size", "8", *TWO_STEPS,
+            # a schedule that does not depend on --max_steps, so that the stopped run is the start of the other
+            "--lr_scheduler_type", "constant",
+        ]  # fmt: skip
+        arguments[arguments.index("--max_steps") + 1] = str(max_steps)
+        arguments[arguments.index("--save_strategy") + 1] = "steps"
+        load_recipe("train_actor_critic").main([*arguments, "--save_steps", "1"])
+        return load_file(output_dir / "model.safetensors")
+
+    uninterrupted = actor_critic(tmp_path / "uninterrupted", 3)
+    actor_critic(tmp_path / "resumed", 2)  # stops after the value network's step and one policy step
+    capsys.readouterr()
+    resumed = actor_critic(tmp_path / "resumed", 3)
+    assert f"Resuming from {tmp_path / 'resumed' / 'checkpoint-2'}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "resumed" / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+    assert resumed.keys() == uninterrupted.keys() and any(name.startswith("value_network.") for name in resumed)
+    for name, tensor in uninterrupted.items():
+        assert torch.equal(resumed[name], tensor), name

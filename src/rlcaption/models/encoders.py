@@ -335,6 +335,18 @@ def resolve_backbone_config(encoder_type: str, backbone: str | None, backbone_co
     return backbone_config
 
 
+def check_cnn_fields(cnn_channels: list[int] | None, image_size: int) -> None:
+    """Refuses CNN blocks that cannot build a [`ConvImageEncoder`] for images of side `image_size`."""
+    if not cnn_channels or any(not isinstance(c, int) or c < 1 for c in cnn_channels):
+        raise ValueError(f"cnn_channels must be a non-empty list of positive ints, got {cnn_channels!r}.")
+    reduction = 2 ** len(cnn_channels)
+    if image_size % reduction != 0:
+        raise ValueError(
+            f"image_size={image_size} must be divisible by {reduction} (each of the {len(cnn_channels)} CNN blocks "
+            "halves the side); change image_size or cnn_channels."
+        )
+
+
 def check_image_encoder_fields(config, config_name: str, encoder_types: tuple[str, ...] = ENCODER_TYPES) -> None:
     """
     Refuses config fields that cannot build an image encoder: `encoder_type`, and the fields of that type
@@ -346,14 +358,7 @@ def check_image_encoder_fields(config, config_name: str, encoder_types: tuple[st
             f"{config_name}.encoder_type={config.encoder_type!r} is not supported; expected one of {encoder_types}."
         )
     if config.encoder_type == "cnn":
-        if not config.cnn_channels or any(not isinstance(c, int) or c < 1 for c in config.cnn_channels):
-            raise ValueError(f"cnn_channels must be a non-empty list of positive ints, got {config.cnn_channels!r}.")
-        reduction = 2 ** len(config.cnn_channels)
-        if config.image_size % reduction != 0:
-            raise ValueError(
-                f"image_size={config.image_size} must be divisible by {reduction} (each of the "
-                f"{len(config.cnn_channels)} CNN blocks halves the side); change image_size or cnn_channels."
-            )
+        check_cnn_fields(config.cnn_channels, config.image_size)
     elif config.encoder_type == "backbone":
         if not isinstance(config.backbone_config, dict) or "model_type" not in config.backbone_config:
             raise ValueError(

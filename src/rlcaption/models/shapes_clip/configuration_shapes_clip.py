@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from rlcaption.models.encoders import IMAGE_ENCODER_TYPES
+from rlcaption.models.encoders import IMAGE_ENCODER_TYPES, check_cnn_fields
 
 __all__ = ["ShapesCLIPConfig"]
 
@@ -128,14 +128,7 @@ class ShapesCLIPConfig(PretrainedConfig):
                 f"{IMAGE_ENCODER_TYPES} (a CLIP embeds pixels, so precomputed features are not an option)."
             )
         if self.encoder_type == "cnn":
-            if not self.cnn_channels or any(not isinstance(c, int) or c < 1 for c in self.cnn_channels):
-                raise ValueError(f"cnn_channels must be a non-empty list of positive ints, got {self.cnn_channels!r}.")
-            reduction = 2 ** len(self.cnn_channels)
-            if self.image_size % reduction != 0:
-                raise ValueError(
-                    f"image_size={self.image_size} must be divisible by {reduction} (each of the "
-                    f"{len(self.cnn_channels)} CNN blocks halves the side); change image_size or cnn_channels."
-                )
+            check_cnn_fields(self.cnn_channels, self.image_size)
         elif not isinstance(self.backbone_config, dict) or "model_type" not in self.backbone_config:
             raise ValueError(
                 "encoder_type='backbone' needs `backbone_config`, a transformers vision config (or its dict with "

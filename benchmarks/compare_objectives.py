@@ -159,11 +159,15 @@ def _markdown_table(summary, keys: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _two_std_verdicts(summary, reference: str = "SCST", key: str = "CIDEr") -> dict[str, str]:
-    """Whether each arm's mean differs from `reference`'s by more than two (pooled) sample standard deviations."""
+def _two_std_verdicts(summary, key: str = "CIDEr") -> dict[str, str]:
+    """
+    Whether each spider_pg arm's mean differs from that of SCST with the same reward by more than two standard
+    deviations (the root mean square of the two arms' sample standard deviations).
+    """
     verdicts = {}
     for name, stats in summary.items():
-        if name in (reference, "XE") or reference not in summary:
+        reference = "SCST, BCMR" if name.endswith(", BCMR") else "SCST"
+        if not name.startswith("spider_pg") or reference not in summary:
             continue
         difference = stats[key]["mean"] - summary[reference][key]["mean"]
         spread = 2 * ((stats[key]["std"] ** 2 + summary[reference][key]["std"] ** 2) / 2) ** 0.5

@@ -1,58 +1,71 @@
-"""Quality of XE, SCST and spider_pg (Liu et al. 2017) on the shapes test split, averaged over several seeds.
+"""XE, SCST and spider_pg (Liu et al. 2017) on the shapes test split at an equal policy budget, over several seeds.
 
-    python benchmarks/compare_objectives.py [--seeds 0 1 2] [--num-train 2000] [--xe-epochs 3] [--rl-epochs 1]
-                                            [--output compare_objectives.json]
+    OMP_NUM_THREADS=1 python benchmarks/compare_objectives.py --xe-model checkpoints/show-tell-rl-shapes-xe \
+        --num-train 4000 --num-validation 200 --num-test 500 --seeds 0 1 2 --bcmr --jobs 2 \
+        --output runs/compare_objectives.json
 
-For each seed: a ShowTellRL of the demo's size is trained with teacher forcing (XE), then, from the same XE weights,
-with SCST (5 samples per image, greedy baseline) and with spider_pg (M = 1 sampled caption per image, K = 3 rollouts
-per prefix, learned baseline), both with the CIDEr-D reward and the same learning rate and number of epochs. The
-three models caption the test split with beam search (3 beams) and are scored with CIDEr-D, BLEU-4, ROUGE-L and
-METEOR (Java). The dataset is the same for every seed (`--data-seed`); the seed changes the initialisation, the data
-order and the sampling. The table gives the mean and the sample standard deviation over seeds.
+Arms, each trained for `--policy-steps` policy updates at the same learning rate and linear schedule, all with the
+CIDEr-D reward (`--bcmr` adds SCST and spider_pg with the paper's BLEU-4 + CIDEr-D + METEOR + ROUGE-L mix):
 
-`--xe-model FOLDER` starts every seed's SCST and spider_pg from one saved XE model (with its processor) instead of
-training XE per seed: the spread then measures the RL runs only (the XE row has none). Use the shapes sizes the XE
-model was trained with (the recipe's: `--num-train 4000 --num-validation 200 --num-test 500`).
+- SCST (Rennie et al. 2017): 5 samples per image, the greedy caption's reward as the baseline;
+- spider_pg (Liu et al. 2017): M = 1 sampled caption per image, K = 3 Monte-Carlo rollouts per prefix, a learned
+  MLP baseline first fitted for `--baseline-pretraining-steps` steps with the policy fixed (those steps hold the
+  base learning rate and are not policy updates: the schedule counts captioner steps only);
+- spider_pg without baseline pretraining.
+
+Every model (and the XE warm start) captions the test split once with beam search (3 beams) and is scored with
+CIDEr-D, BLEU-4, ROUGE-L, METEOR (Java), the scene grounding of `rlcaption.evaluation.evaluate_model` (object F1,
+parse failures) and the diversity of the test captions (Self-BLEU-4, distinct captions). Nothing is chosen on test:
+each run is scored after its last step. The dataset is the same for every seed (`--data-seed`); the seed changes
+the data order and the sampling. The table gives the mean and the sample standard deviation over seeds.
+
+`--xe-model FOLDER` is the saved XE model (with its processor) every seed's RL runs start from: the spread measures
+the RL runs only (the XE row has none). Use the shapes sizes the XE model was trained with (the recipe's:
+`--num-train 4000 --num-validation 200 --num-test 500`). `--jobs 2` runs two runs at a
+time in separate processes, each on one thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import datasets
 import torch
 
 from rlcaption.data import load_shapes
-from rlcaption.evaluation import evaluate_model
-from rlcaption.models import ShowTellRL, ShowTellRLConfig
+from rlcaption.evaluation import caption_dataset, diversity_scores, scene_grounding_scores
+from rlcaption.metrics import evaluate_captions
+from rlcaption.models import ShowTellRL
 from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 METRIC_KEYS = {"cider": "CIDEr", "bleu": "Bleu_4", "rouge_l": "ROUGE_L", "meteor": "METEOR"}
-DISPLAY_NAMES = {"CIDEr": "CIDEr-D", "Bleu_4": "BLEU-4", "ROUGE_L": "ROUGE-L", "METEOR": "METEOR"}
+# what a consensus metric cannot see: grounding in the scene and the diversity of the test captions
+EXTRA_KEYS = ["object_f1", "parse_failure_share", "Self-BLEU", "distinct_captions"]
+DISPLAY_NAMES = {
+    "CIDEr": "CIDEr-D", "Bleu_4": "BLEU-4", "ROUGE_L": "ROUGE-L", "METEOR": "METEOR", "object_f1": "object F1",
+    "parse_failure_share": "parse fail.", "Self-BLEU": "Self-BLEU-4", "distinct_captions": "distinct",
+    "policy_steps": "policy steps", "train_seconds": "train s",
+}  # fmt: skip
+CIDER_REWARD = ["cider"]
+# Liu et al. 2017's "BCMR": BLEU-4, CIDEr-D, METEOR and ROUGE-L with equal weights
+BCMR_REWARD = ["bleu", "cider", "meteor", "rouge_l"]
 
-
-def _new_model(processor: CaptionProcessor, image_size: int, seed: int) -> ShowTellRL:
-    torch.manual_seed(seed)
-    tokenizer = processor.tokenizer
-    config = ShowTellRLConfig(
-        vocab_size=len(tokenizer), hidden_size=128, word_embedding_size=128,
-        image_size=image_size, cnn_channels=[16, 32, 32, 32], dropout=0.2, max_caption_length=20,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    return ShowTellRL(config)
+_shapes: datasets.DatasetDict | None = None  # each worker process loads the dataset once
 
 
 def _train(model, processor, train_split, output_dir: str, seed: int, **settings) -> float:
+    settings.setdefault("reward_funcs", CIDER_REWARD)
     args = RLCaptionConfig(
         output_dir=output_dir, use_cpu=True, per_device_train_batch_size=32, save_strategy="no", logging_steps=50,
-        disable_tqdm=True, seed=seed, dataloader_num_workers=0, reward_funcs=["cider"], **settings,
+        disable_tqdm=True, seed=seed, dataloader_num_workers=0, report_to=[], **settings,
     )  # fmt: skip
     trainer = RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=train_split)
     start = time.perf_counter()
@@ -60,6 +73,107 @@ def _train(model, processor, train_split, output_dir: str, seed: int, **settings
     seconds = time.perf_counter() - start
     trainer.save_model(output_dir)
     return seconds
+
+
+def _score(model, processor, test_split, metrics: list[str]) -> dict[str, float]:
+    """The metrics of `rlcaption.evaluation.evaluate_model` and the diversity of the same beam-3 captions."""
+    predictions, references = caption_dataset(model.eval(), processor, test_split, num_beams=3, max_length=21)
+    scores = {**evaluate_captions(predictions, references, metrics=metrics)}
+    scores.update(scene_grounding_scores(predictions, test_split))
+    scores.update(diversity_scores(predictions, None, ["self_bleu", "distinct_captions"]))
+    keys = [METRIC_KEYS[metric] for metric in metrics] + EXTRA_KEYS
+    return {key: float(scores[key]) for key in keys}
+
+
+def _arms(args) -> dict[str, dict]:
+    """The RL arms by name: their objective's settings; `max_steps` counts policy updates plus pretraining steps."""
+    scst = {"objective": "scst", "num_samples_per_image": 5, "baseline": "greedy"}
+    spider = {"objective": "spider_pg", "num_paths_per_image": 1, "num_rollouts": 3}
+    pretraining = args.baseline_pretraining_steps
+    arms = {
+        "SCST": {**scst, "max_steps": args.policy_steps},
+        "spider_pg": {
+            **spider,
+            "baseline_pretraining_steps": pretraining,
+            "max_steps": args.policy_steps + pretraining,
+        },
+        "spider_pg, no pretraining": {**spider, "max_steps": args.policy_steps},
+    }
+    if args.bcmr:
+        arms["SCST, BCMR"] = {**arms["SCST"], "reward_funcs": BCMR_REWARD}
+        arms["spider_pg, BCMR"] = {**arms["spider_pg"], "reward_funcs": BCMR_REWARD}
+    return arms
+
+
+def _load_shapes(args) -> datasets.DatasetDict:
+    global _shapes
+    if _shapes is None:
+        datasets.disable_progress_bars()
+        _shapes = load_shapes(
+            args.num_train, args.num_validation, args.num_test, image_size=args.image_size, seed=args.data_seed
+        )
+    return _shapes
+
+
+def _run_arm(args, name: str, settings: dict, seed: int, work_dir: str) -> dict[str, float]:
+    """Trains one RL arm from the shared XE model and scores it on the test split (a worker process's job)."""
+    torch.set_num_threads(args.threads_per_job)
+    shapes = _load_shapes(args)
+    processor = CaptionProcessor.from_pretrained(args.xe_model)
+    model = ShowTellRL.from_pretrained(args.xe_model)
+    output_dir = os.path.join(work_dir, f"{name.replace(', ', '-').replace(' ', '-')}-{seed}")
+    rl_settings = {"learning_rate": args.rl_learning_rate, **settings}
+    seconds = _train(model, processor, shapes["train"], output_dir, seed, **rl_settings)
+    row = {**_score(model, processor, shapes["test"], args.metrics), "train_seconds": seconds}
+    row["policy_steps"] = float(args.policy_steps)
+    print(f"[seed {seed}] {name}: {row}", flush=True)
+    return row
+
+
+def _summary(runs: dict[str, list[dict[str, float]]], keys: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    return {
+        name: {
+            key: {
+                "mean": statistics.mean(run[key] for run in scores),
+                "std": statistics.stdev(run[key] for run in scores) if len(scores) > 1 else 0.0,
+            }
+            for key in keys
+        }
+        for name, scores in runs.items()
+    }
+
+
+def _markdown_table(summary, keys: list[str]) -> str:
+    lines = [
+        "| model | " + " | ".join(DISPLAY_NAMES[key] for key in keys) + " | train s |",
+        "|---|" + "---:|" * (len(keys) + 1),
+    ]
+    for name, stats in summary.items():
+        cells = " | ".join(
+            f"{stats[key]['mean']:.1f} ± {stats[key]['std']:.1f}"
+            if key == "distinct_captions"
+            else f"{stats[key]['mean']:.3f} ± {stats[key]['std']:.3f}"
+            for key in keys
+        )
+        lines.append(f"| {name} | {cells} | {stats['train_seconds']['mean']:.0f} |")
+    return "\n".join(lines)
+
+
+def _two_std_verdicts(summary, key: str = "CIDEr") -> dict[str, str]:
+    """
+    Whether each spider_pg arm's mean differs from that of SCST with the same reward by more than two standard
+    deviations (the root mean square of the two arms' sample standard deviations).
+    """
+    verdicts = {}
+    for name, stats in summary.items():
+        reference = "SCST, BCMR" if name.endswith(", BCMR") else "SCST"
+        if not name.startswith("spider_pg") or reference not in summary:
+            continue
+        difference = stats[key]["mean"] - summary[reference][key]["mean"]
+        spread = 2 * ((stats[key]["std"] ** 2 + summary[reference][key]["std"] ** 2) / 2) ** 0.5
+        within = "within" if abs(difference) <= spread else "beyond"
+        verdicts[name] = f"{DISPLAY_NAMES[key]} {difference:+.3f} vs {reference}: {within} 2 std ({spread:.3f})"
+    return verdicts
 
 
 def main() -> None:
@@ -70,84 +184,57 @@ def main() -> None:
     parser.add_argument("--num-validation", type=int, default=200)
     parser.add_argument("--num-test", type=int, default=500)
     parser.add_argument("--image-size", type=int, default=48)
-    parser.add_argument("--xe-model", default=None, help="A saved XE model shared by all seeds (see above).")
-    parser.add_argument("--xe-epochs", type=float, default=3.0)
-    parser.add_argument("--xe-learning-rate", type=float, default=2e-3)
-    parser.add_argument("--rl-epochs", type=float, default=1.0)
-    parser.add_argument("--rl-learning-rate", type=float, default=2e-4)
+    parser.add_argument("--xe-model", required=True, help="The saved XE model every RL run starts from.")
+    # SCST's reproduction budget (1 epoch of 4000 images at batch 32, learning rate 5e-4) for every arm
+    parser.add_argument("--policy-steps", type=int, default=125, help="Policy updates of every RL arm.")
+    parser.add_argument("--rl-learning-rate", type=float, default=5e-4)
+    parser.add_argument("--baseline-pretraining-steps", type=int, default=50, help="spider_pg's, before them.")
+    parser.add_argument("--bcmr", action="store_true", help="Add SCST and spider_pg with the BCMR reward mix.")
+    parser.add_argument("--jobs", type=int, default=1, help="Runs trained at a time, in separate processes.")
     parser.add_argument("--metrics", nargs="+", default=list(METRIC_KEYS), choices=list(METRIC_KEYS))
     parser.add_argument("--output", default=None, help="Optional JSON file for the per-seed scores and the summary.")
     args = parser.parse_args()
-    datasets.disable_progress_bars()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # two processes on two cores run best on one thread each
+    args.threads_per_job = max(1, (os.cpu_count() or 1) // args.jobs)
+    torch.set_num_threads(args.threads_per_job)
+    start = time.perf_counter()
 
-    shapes = load_shapes(
-        args.num_train, args.num_validation, args.num_test, image_size=args.image_size, seed=args.data_seed
-    )
-    if args.xe_model is not None:
-        processor = CaptionProcessor.from_pretrained(args.xe_model)
-    else:
-        captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-        processor = CaptionProcessor.from_captions(captions, min_count=1, image_size=args.image_size)
-    rl_settings = {"num_train_epochs": args.rl_epochs, "learning_rate": args.rl_learning_rate}
-    runs: dict[str, list[dict[str, float]]] = {"XE": [], "SCST": [], "spider_pg": []}
+    shapes = _load_shapes(args)
+    runs: dict[str, list[dict[str, float]]] = {"XE": []}
     with tempfile.TemporaryDirectory() as work_dir:
-        for seed in args.seeds:
-            models, seconds = {}, {}
-            if args.xe_model is not None:
-                xe_dir = args.xe_model
-                models["XE"], seconds["XE"] = ShowTellRL.from_pretrained(xe_dir), 0.0
-            else:
-                xe_dir = os.path.join(work_dir, f"xe-{seed}")
-                models["XE"] = _new_model(processor, args.image_size, seed)
-                seconds["XE"] = _train(
-                    models["XE"], processor, shapes["train"], xe_dir, seed, objective="xe",
-                    num_train_epochs=args.xe_epochs, learning_rate=args.xe_learning_rate,
-                )  # fmt: skip
-            models["SCST"] = ShowTellRL.from_pretrained(xe_dir)
-            seconds["SCST"] = _train(
-                models["SCST"], processor, shapes["train"], os.path.join(work_dir, f"scst-{seed}"), seed,
-                objective="scst", num_samples_per_image=5, baseline="greedy", **rl_settings,
-            )  # fmt: skip
-            models["spider_pg"] = ShowTellRL.from_pretrained(xe_dir)
-            seconds["spider_pg"] = _train(
-                models["spider_pg"], processor, shapes["train"], os.path.join(work_dir, f"spider-{seed}"), seed,
-                objective="spider_pg", num_paths_per_image=1, num_rollouts=3, **rl_settings,
-            )  # fmt: skip
-            for name, model in models.items():
-                scores = evaluate_model(
-                    model.eval(), processor, shapes["test"], metrics=args.metrics, num_beams=3, max_length=21
-                )
-                row = {METRIC_KEYS[metric]: float(scores[METRIC_KEYS[metric]]) for metric in args.metrics}
-                runs[name].append({**row, "train_seconds": seconds[name]})
-                print(f"[seed {seed}] {name}: {row} ({seconds[name]:.0f} s of training)", flush=True)
+        processor = CaptionProcessor.from_pretrained(args.xe_model)
+        xe_scores = _score(ShowTellRL.from_pretrained(args.xe_model), processor, shapes["test"], args.metrics)
+        runs["XE"].append({**xe_scores, "train_seconds": 0.0, "policy_steps": 0.0})
+        print(f"XE warm start: {xe_scores}", flush=True)
 
-    keys = [METRIC_KEYS[metric] for metric in args.metrics]
-    summary = {
-        name: {
-            key: {
-                "mean": statistics.mean(run[key] for run in scores),
-                "std": statistics.stdev(run[key] for run in scores) if len(scores) > 1 else 0.0,
-            }
-            for key in [*keys, "train_seconds"]
-        }
-        for name, scores in runs.items()
-    }
-    warm_start = args.xe_model or f"XE {args.xe_epochs:g} epochs"
-    print(
-        f"\nshapes test split ({args.num_test} images), beam 3, mean ± std over seeds {args.seeds}; warm start "
-        f"{warm_start}, then SCST / spider_pg {args.rl_epochs:g} epoch(s) of {args.num_train} images at lr "
-        f"{args.rl_learning_rate:g}"
+        arms = _arms(args)
+        jobs = [(name, settings, seed) for seed in args.seeds for name, settings in arms.items()]
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch threads
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
+            futures = [pool.submit(_run_arm, args, name, settings, seed, work_dir) for name, settings, seed in jobs]
+            rows = [future.result() for future in futures]
+        for (name, _, _), row in zip(jobs, rows, strict=True):
+            runs.setdefault(name, []).append(row)
+
+    keys = [METRIC_KEYS[metric] for metric in args.metrics] + EXTRA_KEYS
+    summary = _summary(runs, [*keys, "train_seconds"])
+    verdicts = _two_std_verdicts(summary)
+    minutes = (time.perf_counter() - start) / 60
+    heading = (
+        f"shapes test split ({args.num_test} images), beam 3, mean ± sample std over seeds {args.seeds}; warm start "
+        f"{args.xe_model}; every RL arm {args.policy_steps} policy updates (batch 32), lr {args.rl_learning_rate:g}, "
+        f"linear decay over the policy updates; spider_pg's baseline pretrained {args.baseline_pretraining_steps} "
+        f"steps first; {minutes:.1f} min in all with {args.jobs} job(s)"
     )
-    header = " | ".join(f"{DISPLAY_NAMES[key]:>15}" for key in keys)
-    print(f"| {'model':<10} | {header} | {'train s':>8} |")
-    print(f"|{'-' * 12}|" + "|".join("-" * 17 for _ in keys) + f"|{'-' * 10}|")
-    for name, stats in summary.items():
-        cells = " | ".join(f"{stats[key]['mean']:7.3f} ± {stats[key]['std']:5.3f}" for key in keys)
-        print(f"| {name:<10} | {cells} | {stats['train_seconds']['mean']:8.0f} |")
+    table = _markdown_table(summary, keys)
+    print(f"\n{heading}\n\n{table}\n")
+    for verdict in verdicts.values():
+        print(verdict)
     if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump({"settings": vars(args), "runs": runs, "summary": summary}, handle, indent=2)
+            report = {"settings": vars(args), "runs": runs, "summary": summary, "verdicts": verdicts}
+            json.dump({**report, "heading": heading, "table": table, "minutes": minutes}, handle, indent=2)
 
 
 if __name__ == "__main__":

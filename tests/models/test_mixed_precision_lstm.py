@@ -55,6 +55,16 @@ def test_a_bf16_training_step_runs_where_onednn_is_limited_to_avx2(tmp_path):
             loss = model(input_ids=ids, pixel_values=torch.randn(2, 3, 16, 16), labels=ids).loss
         loss.backward()
         assert torch.isfinite(loss) and model.lstm.weight_ih_l0.grad is not None
+        # the value network's LSTM option (Ren et al. 2017) too
+        from rlcaption.models import PolicyValueCaptioner
+
+        policy_value = PolicyValueCaptioner.from_policy(
+            model, value_word_embedding_size=4, value_hidden_size=4, value_mlp_hidden_size=4, value_rnn_type="lstm"
+        )
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            values = policy_value.value(pixel_values=torch.randn(2, 3, 16, 16), input_ids=ids)
+        values.float().sum().backward()
+        assert torch.isfinite(values.float()).all()
         print("ok")
         """
     )

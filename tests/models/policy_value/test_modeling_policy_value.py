@@ -7,6 +7,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, Aut
 import rlcaption.auto  # noqa: F401  (registers the Auto classes)
 from rlcaption.captioners import captioner_for
 from rlcaption.models import PolicyValueCaptioner, PolicyValueConfig, ShowTellRL, ShowTellRLConfig
+from rlcaption.models.encoders import MixedPrecisionLSTM
 from rlcaption.models.policy_value import ValueLookaheadLogitsProcessor
 from rlcaption.models.policy_value.configuration_policy_value import VALUE_RNN_TYPES
 from rlcaption.models.policy_value.modeling_policy_value import DEFAULT_LOOKAHEAD_CANDIDATES
@@ -98,7 +99,7 @@ def test_save_load_round_trip_and_auto_classes(tmp_path, value_rnn_type):
     processor.save_pretrained(tmp_path)
 
     loaded = PolicyValueCaptioner.from_pretrained(tmp_path).eval()
-    assert type(loaded.value_network.caption_rnn) is {"gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[value_rnn_type]
+    assert type(loaded.value_network.caption_rnn) is {"gru": torch.nn.GRU, "lstm": MixedPrecisionLSTM}[value_rnn_type]
     assert loaded.generation_config.max_length == 6
     assert torch.equal(loaded.generate(pixel_values=pixel_values, num_beams=2), captions)
     assert torch.equal(loaded.generate(pixel_values=pixel_values, num_beams=2, lookahead_lambda=0.4), lookahead)

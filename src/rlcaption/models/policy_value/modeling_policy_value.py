@@ -30,7 +30,12 @@ from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, 
 from transformers import initialization as init
 
 from rlcaption.models.detachable import DetachableNetworkMixin
-from rlcaption.models.encoders import build_image_encoder, image_encoder_arguments, init_cnn_and_gru_weights
+from rlcaption.models.encoders import (
+    MixedPrecisionLSTM,
+    build_image_encoder,
+    image_encoder_arguments,
+    init_cnn_and_gru_weights,
+)
 from rlcaption.models.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.show_tell_rl import ShowTellRL
 from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
@@ -81,7 +86,8 @@ class ValueNetwork(nn.Module):
         self.image_norm = nn.LayerNorm(hidden_size)
         self.word_embeddings = nn.Embedding(policy_config.vocab_size, config.value_word_embedding_size)
         # a GRU by default (published checkpoints); Ren et al. 2017's value network reads the caption with an LSTM
-        rnn_class = nn.LSTM if config.value_rnn_type == "lstm" else nn.GRU
+        # the LSTM as the policy's: in float32 under bf16 autocast on CPUs without a bf16 LSTM (a GRU runs there)
+        rnn_class = MixedPrecisionLSTM if config.value_rnn_type == "lstm" else nn.GRU
         self.caption_rnn = rnn_class(config.value_word_embedding_size, hidden_size, batch_first=True)
         mlp_size = config.value_mlp_hidden_size
         self.value_head = nn.Sequential(

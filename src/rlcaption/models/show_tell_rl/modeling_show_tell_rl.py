@@ -24,7 +24,12 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from rlcaption.models.encoders import ConvImageEncoder, MixedPrecisionLSTM, build_image_encoder
+from rlcaption.models.encoders import (
+    ConvImageEncoder,
+    MixedPrecisionLSTM,
+    build_image_encoder,
+    image_encoder_arguments,
+)
 from rlcaption.models.hub_errors import HubUploadErrorsMixin
 
 from .configuration_show_tell_rl import ShowTellRLConfig
@@ -240,7 +245,9 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             projected grid `(batch_size, num_positions, hidden_size)` and its mask `(batch_size, num_positions)`
             (True at real regions; None when every position is real).
         """
-        encoder_inputs = self._image_encoder_inputs(pixel_values, image_features, image_feature_mask)
+        encoder_inputs = image_encoder_arguments(
+            self.image_encoder, pixel_values, image_features, image_feature_mask, self.dtype
+        )
         if not self.config.image_attention:
             return self.image_norm(self.image_projection(self.image_encoder(*encoder_inputs)))
         encoded, grid = self.image_encoder.forward_with_grid(*encoder_inputs)
@@ -249,31 +256,6 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             grid = grid + self.grid_position_embeddings.weight.to(grid.device)
         grid_mask = None if image_feature_mask is None else image_feature_mask.to(grid.device) != 0
         return self.image_norm(self.image_projection(encoded)), self.grid_norm(grid), grid_mask
-
-    def _image_encoder_inputs(
-        self,
-        pixel_values: torch.FloatTensor | None,
-        image_features: torch.FloatTensor | None,
-        image_feature_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, ...]:
-        """The arguments of the image encoder's `forward` / `forward_with_grid`, in the model's dtype, checked."""
-        if self.config.encoder_type == "features":
-            if image_features is None:
-                raise ValueError(
-                    "This model reads precomputed features (encoder_type='features'): pass image_features."
-                )
-            return image_features.to(self.dtype), image_feature_mask
-        if pixel_values is None:
-            raise ValueError(
-                f"This model encodes images itself (encoder_type={self.config.encoder_type!r}): pass pixel_values "
-                "(from CaptionProcessor)."
-            )
-        if image_feature_mask is not None:
-            raise ValueError(
-                "Got an image_feature_mask, which masks the regions of precomputed image_features, but this model "
-                f"reads pixel_values (encoder_type={self.config.encoder_type!r}); drop the mask."
-            )
-        return (pixel_values.to(self.dtype),)
 
     def initial_state(
         self,

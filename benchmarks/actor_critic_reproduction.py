@@ -5,16 +5,21 @@ reward, over several seeds; then lookahead beam search `λ · log p + (1 − λ)
 
     python benchmarks/actor_critic_reproduction.py --output-dir runs/actor_critic_reproduction --jobs 2
 
-Every model, the XE start included, is judged here the same way on the test split (beam search, 3 beams): CIDEr-D,
-BLEU-4, METEOR (where Java runs), the mean embedding reward of its captions (by the shipped embedding model), the
-scene object F1, and the text-to-image R@1 of the evaluator CLIP (which no reward used). The actor-critic runs add the
-value network's explained variance on captions sampled for the held-out test images (`value_explained_variance` of
-`examples/train_actor_critic.py`). SCST and actor-critic make the same number of policy updates; actor-critic first
-pretrains its value network with the policy fixed (`--value-pretraining-steps`).
+Every model, the XE start included, is judged the same way (beam search, 3 beams): CIDEr-D, BLEU-4, METEOR (where
+Java runs), the mean embedding reward of its captions (by the shipped embedding model), the scene object F1, and the
+text-to-image R@1 of the evaluator CLIP (which no reward used). The actor-critic runs add the value network's
+explained variance on captions sampled for held-out images (`value_explained_variance` of
+`examples/train_actor_critic.py`). SCST and actor-critic make the same policy updates under the same learning-rate
+schedule: actor-critic first pretrains its value network with the policy fixed (`--value-pretraining-steps`), steps
+that the policy's schedule does not count.
 
-Prints the tables (mean ± s.d. over seeds), writes `<output-dir>/results.json`, plots CIDEr-D against λ with plain
-beam search as reference (`--plot`) and, with `--card`, puts the tables and the plot into a checkpoint's model card.
-Runs whose scores exist are read, not trained again.
+λ is chosen on the validation split: every actor-critic model decodes the validation images at each λ, the λ of the
+highest mean CIDEr-D over seeds is kept, and the test split is scored once at that λ and once with plain beam search
+(λ = 1). Nothing else is chosen, so the other rows are test scores of each run's last step.
+
+Prints the tables (mean ± s.d. over seeds), writes `<output-dir>/results.json`, plots validation CIDEr-D against λ
+(`--plot`) and, with `--card`, puts the tables and the plot into a checkpoint's model card. Runs whose scores exist
+are read, not trained again; a model's judged scores are kept beside it with the code and settings that made them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from reproduction import (
     REPOSITORY,
     WARM_START,
     benchmark_command,
+    code_version,
     markdown_table,
     plot_to,
     run_recipe_once,
@@ -61,7 +67,7 @@ def _common(seed: int) -> list[str]:
     return [
         "--model_name_or_path", WARM_START, "--seed", str(seed), "--use_cpu", "--save_strategy", "no",
         "--eval_strategy", "no", "--report_to", "none", "--disable_tqdm", "True", "--logging_steps", "25",
-        "--overwrite_output_dir", "True",
+        "--overwrite_output_dir", "True", "--score_validation", "True",
     ]  # fmt: skip
 
 
@@ -78,52 +84,66 @@ def _methods(policy_steps: int, value_pretraining_steps: int) -> dict[str, tuple
     }
 
 
-def _judge(model_dir: Path, lambdas: tuple[float, ...] = (), cache: Path | None = None) -> dict[str, float]:
-    """Test scores of the model in `model_dir` (read from `cache` when it exists, else written there); with `lambdas`,
-    also `lookahead_<λ>_<key>`."""
-    if cache is not None and cache.is_file():
-        return json.loads(cache.read_text())
+def _judge(
+    model_dir: Path, split: str, lambdas: tuple[float, ...] = (), cache_dir: Path | None = None
+) -> dict[str, float]:
+    """
+    Scores of the model in `model_dir` on `split` with plain beam search and, for each of `lambdas`,
+    `lookahead_<λ>_<key>`. Kept in `judged-<split>.json` of `cache_dir` (default `model_dir`) with the code version,
+    the split and the λs; read from there when those match, computed again when they do not.
+    """
+    key = {"code": code_version(), "split": split, "lambdas": list(lambdas)}
+    cache = (cache_dir or model_dir) / f"judged-{split}.json"
+    if cache.is_file() and json.loads(cache.read_text()).get("key") == key:
+        return json.loads(cache.read_text())["scores"]
     torch.set_num_threads(1)
-    test = load_recipe_dataset(RecipeArguments())["test"]
+    images_split = load_recipe_dataset(RecipeArguments())[split]
     model, processor = load_pretrained_captioner(str(model_dir))
     model.eval()
     embedding = get_reward("embedding", model=str(REPOSITORY / EMBEDDING_MODEL))
-    images = {row["image_id"]: row["image"] for row in test.select_columns(["image_id", "image"])}
+    images = {row["image_id"]: row["image"] for row in images_split.select_columns(["image_id", "image"])}
 
     def scores(**decoding) -> tuple[dict[str, float], dict]:
-        predictions, references = caption_dataset(model, processor, test, num_beams=3, **decoding)
+        predictions, references = caption_dataset(model, processor, images_split, num_beams=3, **decoding)
         result = evaluate_captions(predictions, references, metrics=["cider", "bleu", "meteor"])
-        result.update(scene_grounding_scores(predictions, test))
+        result.update(scene_grounding_scores(predictions, images_split))
         rewards = embedding(completions=list(predictions.values()), image=[images[key] for key in predictions])
         result["embedding"] = statistics.fmean(rewards)
         return result, predictions
 
     judged, predictions = scores()
-    judged.update(clip_scores(predictions, test, load_clip(str(REPOSITORY / EVALUATOR_CLIP))))
+    judged.update(clip_scores(predictions, images_split, load_clip(str(REPOSITORY / EVALUATOR_CLIP))))
     results = model_dir / "eval_results.json"
     if results.is_file():
-        judged["value_explained_variance"] = json.loads(results.read_text())["test"].get("value_explained_variance")
+        judged["value_explained_variance"] = json.loads(results.read_text())[split].get("value_explained_variance")
     for lam in lambdas:
         lookahead, _ = scores(lookahead_lambda=lam)
         judged.update({f"lookahead_{lam:g}_{key}": lookahead[key] for key, _ in LOOKAHEAD_COLUMNS})
-    if cache is not None:
-        cache.write_text(json.dumps(judged, indent=1))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"key": key, "scores": judged}, indent=1))
     return judged
 
 
-def _train_and_judge(run_dir: Path, recipe: str, options: list[str], lambdas: tuple[float, ...]) -> dict[str, float]:
+def _train(run_dir: Path, recipe: str, options: list[str], lambdas: tuple[float, ...]) -> dict[str, float]:
+    """Trains the run once; an actor-critic run is then judged on validation at every λ."""
     run_recipe_once(recipe, run_dir, options)
-    return _judge(run_dir, lambdas, cache=run_dir / "judged.json")
+    return _judge(run_dir, "validation", lambdas) if lambdas else {}
 
 
-def _plot(lookahead: dict[str, dict[str, tuple[float, float]]], lambdas: tuple[float, ...], path: Path) -> None:
+def chosen_lambda(validation_runs: list[dict[str, float]], lambdas: tuple[float, ...]) -> float:
+    """The λ of the highest mean validation CIDEr-D over seeds (on a tie, the larger λ: the plainer decoding)."""
+    mean_cider = {lam: statistics.fmean(run[f"lookahead_{lam:g}_CIDEr"] for run in validation_runs) for lam in lambdas}
+    return max(lambdas, key=lambda lam: (round(mean_cider[lam], 6), lam))
+
+
+def _plot(validation: dict[str, dict[str, tuple[float, float]]], lambdas: tuple[float, ...], path: Path) -> None:
     with plot_to(path) as axes:
-        for method, summary in lookahead.items():
+        for method, summary in validation.items():
             means = [summary[f"lookahead_{lam:g}_CIDEr"][0] for lam in lambdas]
             spreads = [summary[f"lookahead_{lam:g}_CIDEr"][1] for lam in lambdas]
             axes.errorbar(lambdas, means, yerr=spreads, marker="o", capsize=3, label=method)
         axes.set_xlabel("λ of lookahead beam search (λ · log p + (1 − λ) · v; 1 = plain beam search)")
-        axes.set_ylabel("CIDEr-D (test, 3 beams)")
+        axes.set_ylabel("CIDEr-D (validation, 3 beams)")
         axes.set_title("Shapes: lookahead with the value network (mean ± s.d. over seeds)", fontsize=10)
 
 
@@ -139,49 +159,77 @@ def main() -> None:
     parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
     args = parser.parse_args()
     output_dir, lambdas = args.output_dir.resolve(), tuple(args.lambdas)
+    methods = _methods(args.policy_steps, args.value_pretraining_steps)
+    run_dirs = {
+        method: [output_dir / f"{prefix}-seed{seed}" for seed in args.seeds]
+        for method, (prefix, _, _) in methods.items()
+    }
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        xe = pool.submit(_judge, REPOSITORY / WARM_START)
-        futures = {
+        xe = pool.submit(_judge, REPOSITORY / WARM_START, "test", cache_dir=output_dir / "xe")
+        trained = {
             method: [
                 pool.submit(
-                    _train_and_judge,
-                    output_dir / f"{prefix}-seed{seed}",
+                    _train,
+                    run_dir,
                     recipe,
                     [*options, *_common(seed)],
                     lambdas if recipe == "train_actor_critic.py" else (),
                 )  # fmt: skip
-                for seed in args.seeds
+                for run_dir, seed in zip(run_dirs[method], args.seeds, strict=True)
             ]
-            for method, (prefix, recipe, options) in _methods(args.policy_steps, args.value_pretraining_steps).items()
+            for method, (_, recipe, options) in methods.items()
+        }
+        validation = {method: [future.result() for future in runs] for method, runs in trained.items()}
+        validation = {method: runs for method, runs in validation.items() if "actor-critic" in method}
+        chosen = {method: chosen_lambda(runs, lambdas) for method, runs in validation.items()}
+        tested = {
+            method: [
+                pool.submit(_judge, run_dir, "test", (chosen[method],) if method in chosen else ()) for run_dir in dirs
+            ]
+            for method, dirs in run_dirs.items()
         }
         results = {"XE (published start)": [xe.result()]}
-        results.update({method: [future.result() for future in runs] for method, runs in futures.items()})
+        results.update({method: [future.result() for future in runs] for method, runs in tested.items()})
 
     keys = [key for key, _ in COLUMNS]
     rows = {method: summarise(runs, keys) for method, runs in results.items()}
     num_runs = {method: len(runs) for method, runs in results.items()}
-    title = f"Shapes test split (500 images), {args.policy_steps} policy updates from the XE start"
+    title = (
+        f"Shapes test split (500 images), plain beam search, {args.policy_steps} policy updates from the XE start "
+        "under the same schedule"
+    )
     tables = [f"{title}\n\n{markdown_table(rows, num_runs, COLUMNS)}"]
-    print(f"\n{tables[0]}")
 
     lookahead_keys = [f"lookahead_{lam:g}_{key}" for lam in lambdas for key, _ in LOOKAHEAD_COLUMNS]
-    lookahead = {method: summarise(results[method], lookahead_keys) for method in results if "actor-critic" in method}
-    for method, summary in lookahead.items():
+    validation_rows = {method: summarise(runs, lookahead_keys) for method, runs in validation.items()}
+    for method, summary in validation_rows.items():
         by_lambda = {
             f"{lam:g}": {key: summary[f"lookahead_{lam:g}_{key}"] for key, _ in LOOKAHEAD_COLUMNS} for lam in lambdas
         }
-        seeds = {name: num_runs[method] for name in by_lambda}
-        title = f"Lookahead beam search of {method} (λ = 1: plain beam search)"
+        seeds = {name: len(validation[method]) for name in by_lambda}
+        title = f"Lookahead beam search of {method} on the validation split (200 images; λ = 1: plain beam search)"
         tables.append(f"{title}\n\n{markdown_table(by_lambda, seeds, LOOKAHEAD_COLUMNS, first_header='λ')}")
-        print(f"\n{tables[-1]}")
-    (output_dir / "results.json").write_text(json.dumps(results, indent=1))
-    _plot(lookahead, lambdas, args.plot)
+    chosen_rows, chosen_runs = {}, {}
+    for method, lam in chosen.items():
+        chosen_keys = {f"lookahead_{lam:g}_{key}": key for key, _ in LOOKAHEAD_COLUMNS}
+        plain = summarise(results[method], [key for key, _ in LOOKAHEAD_COLUMNS])
+        at_lambda = summarise(results[method], list(chosen_keys))
+        chosen_rows[f"{method}, λ = 1"] = plain
+        chosen_rows[f"{method}, λ = {lam:g} (chosen)"] = {chosen_keys[key]: value for key, value in at_lambda.items()}
+        chosen_runs.update({name: num_runs[method] for name in list(chosen_rows)[-2:]})
+    title = "Test split at the λ chosen on validation, beside plain beam search"
+    tables.append(f"{title}\n\n{markdown_table(chosen_rows, chosen_runs, LOOKAHEAD_COLUMNS)}")
+    print("\n\n".join(tables))
+    (output_dir / "results.json").write_text(
+        json.dumps({"test": results, "validation": validation, "chosen_lambda": chosen}, indent=1)
+    )
+    _plot(validation_rows, lambdas, args.plot)
     print(f"\nplot: {args.plot}")
     if args.card is not None:  # the checkpoint's card gets the tables and the plot
         write_card_section(
             args.card, "Reproduction on shapes", f"`{benchmark_command()}`:\n\n" + "\n\n".join(tables),
-            plot=args.plot, plot_caption="CIDEr-D against λ of lookahead",
+            plot=args.plot, plot_caption="validation CIDEr-D against λ of lookahead",
         )  # fmt: skip
 
 

@@ -107,11 +107,12 @@ def check_run_key(run_dir: Path, key: Mapping[str, Any]) -> None:
         raise RuntimeError(f"{run_dir} was made by another run ({'; '.join(differences)}); {rerun}.")
 
 
-def run_recipe_once(recipe: str, run_dir: Path, options: Sequence[str]) -> dict[str, float]:
+def run_recipe_once(recipe: str, run_dir: Path, options: Sequence[str]) -> dict[str, dict[str, float]]:
     """
     Runs `examples/<recipe> --output_dir <run_dir> <options>` on one core (its log in `run_dir/log.txt`) unless the
-    run's test scores exist, and returns them. The folder must have been made by this recipe with these options and
-    this code ([`check_run_key`]); a new run records them in `run_dir/run_key.json` before it starts.
+    run's scores exist, and returns them by split (`{"test": {...}}`, and `"validation"` with `--score_validation`).
+    The folder must have been made by this recipe with these options and this code ([`check_run_key`]); a new run
+    records them in `run_dir/run_key.json` before it starts.
     """
     key = run_key(recipe, options)
     check_run_key(run_dir, key)
@@ -127,7 +128,7 @@ def run_recipe_once(recipe: str, run_dir: Path, options: Sequence[str]) -> dict[
         if completed.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed; see {run_dir / 'log.txt'}.")
         print(f"[{run_dir.name}] {time.perf_counter() - start:.0f} s", flush=True)
-    return json.loads(results.read_text())["test"]
+    return json.loads(results.read_text())
 
 
 def summarise(runs: Sequence[Mapping[str, float]], keys: Sequence[str]) -> dict[str, tuple[float, float]]:

@@ -146,7 +146,7 @@ def main() -> None:
             for name, runs in jobs.items()
         }
         results = {"XE": [_score_warm_start(output_dir / f"xe-seed{seed}", seed) for seed in args.seeds]}
-        results.update({name: [future.result() for future in runs] for name, runs in futures.items()})
+        results.update({name: [future.result()["test"] for future in runs] for name, runs in futures.items()})
 
     table = partial(markdown_table, columns=COLUMNS)
     rows = {name: summarise(runs, [key for key, _ in COLUMNS]) for name, runs in results.items()}

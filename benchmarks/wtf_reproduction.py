@@ -114,7 +114,7 @@ def main() -> None:
             for learning_rate in args.learning_rates
             for variant in args.variants
         }
-        results = {key: [future.result() for future in runs] for key, runs in futures.items()}
+        results = {key: [future.result()["test"] for future in runs] for key, runs in futures.items()}
 
     rows = {key: summarise(runs, [name for name, _ in COLUMNS]) for key, runs in results.items()}
     name = {key: key[0] if len(args.learning_rates) == 1 else f"{key[0]}, lr {key[1]:g}" for key in results}

@@ -132,7 +132,7 @@ def main(argv=None):
     training_args.reward_weights = weights
     dataset = fit_image_columns_to_run(model, load_recipe_dataset(script_args), training_args)
 
-    # built here rather than by `train_and_finish`: the test scores need the run's sampling and rewards
+    # built here rather than by `train_and_finish`: the scores of a split need the run's sampling and rewards
     trainer = RLCaptionTrainer(
         model=model, args=training_args, processing_class=processor, train_dataset=dataset["train"],
         eval_dataset=dataset.get("validation"), reward_funcs=rewards,
@@ -140,23 +140,23 @@ def main(argv=None):
     check_the_captioner_gets_steps(trainer)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
-    def test_scores(test_split):
+    def lookahead_and_value_scores(split):
         # max_length (<bos> + the caption), the setting of the model's generation config: max_new_tokens beside it
         # made transformers warn once per test batch
         scores = evaluate_model(
-            model.eval(), processor, test_split, metrics=["cider", "bleu"],
+            model.eval(), processor, split, metrics=["cider", "bleu"],
             batch_size=training_args.per_device_eval_batch_size, num_beams=max(training_args.eval_num_beams, 2),
             max_length=training_args.max_caption_length + 1, lookahead_lambda=script_args.test_lookahead_lambda,
         )  # fmt: skip
         scores = {f"lookahead_{name}": scores[name] for name in ("CIDEr", "Bleu_4", "object_f1") if name in scores}
-        scores["value_explained_variance"] = value_explained_variance(trainer, test_split, seed=training_args.seed)
+        scores["value_explained_variance"] = value_explained_variance(trainer, split, seed=training_args.seed)
         return scores
 
     def card(scores, num_test_images):
         steps = phase_steps_description(trainer)
         return _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=steps)
 
-    finish_recipe(trainer, processor, dataset, script_args, card, test_scores)
+    finish_recipe(trainer, processor, dataset, script_args, card, lookahead_and_value_scores)
 
 
 if __name__ == "__main__":

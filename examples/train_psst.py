@@ -133,20 +133,18 @@ def main(argv=None):
         )
     dataset = load_recipe_dataset(script_args)
 
-    def listener_scores(test_split):
+    def listener_scores(split):
         # the listener ranks the captions `trainer.evaluate` scored (its beams, its length), so that listener recall
         # and CIDEr-D judge the same captions; greedy captions are scored on both axes too, keys `greedy_*`
         decoding = {
             "batch_size": training_args.per_device_eval_batch_size,
             "max_new_tokens": training_args.max_caption_length,
         }
-        scores = listener_recall(
-            model.eval(), processor, test_split, num_beams=training_args.eval_num_beams, **decoding
-        )
+        scores = listener_recall(model.eval(), processor, split, num_beams=training_args.eval_num_beams, **decoding)
         if training_args.eval_num_beams > 1:
             caption_metrics, _ = split_eval_metrics(training_args.eval_metrics)
             greedy = listener_recall(
-                model.eval(), processor, test_split, num_beams=1, clip=training_args.eval_clip,
+                model.eval(), processor, split, num_beams=1, clip=training_args.eval_clip,
                 caption_metrics=caption_metrics, **decoding,
             )  # fmt: skip
             # the evaluator CLIP's caption-to-image recall, named as `trainer.evaluate` names it

@@ -104,15 +104,15 @@ def main(argv=None):
     model, processor = load_pretrained_captioner(script_args.model_name_or_path)
     dataset = load_recipe_dataset(script_args)
 
-    def reward_clip_retrieval(test_split):
+    def reward_clip_retrieval(split):
         """The reward CLIP's view of the test captions, decoded as the trainer's evaluation decodes them."""
         beam_search = GenerationConfig(
             do_sample=False, num_beams=training_args.eval_num_beams, max_new_tokens=training_args.max_caption_length
         )
         predictions, _ = caption_dataset(
-            model.eval(), processor, test_split, training_args.per_device_eval_batch_size, beam_search
+            model.eval(), processor, split, training_args.per_device_eval_batch_size, beam_search
         )
-        scores = clip_scores(predictions, test_split, training_args.reward_clip)
+        scores = clip_scores(predictions, split, training_args.reward_clip)
         return {f"reward_clip_{name}": value for name, value in scores.items()}
 
     train_and_finish(model, processor, dataset, script_args, training_args, _model_card, reward_clip_retrieval)

@@ -34,7 +34,7 @@ def fake_run(run_dir: Path, key: dict | None, scores: dict) -> Path:
 def test_a_run_made_by_the_same_recipe_options_and_code_is_read_not_trained(reproduction, tmp_path):
     key = {"recipe": "train_psst.py", "options": OPTIONS, "code": "git:0123abc"}
     run_dir = fake_run(tmp_path / "run", key, {"CIDEr": 2.5})
-    assert reproduction.run_recipe_once("train_psst.py", run_dir, OPTIONS) == {"CIDEr": 2.5}
+    assert reproduction.run_recipe_once("train_psst.py", run_dir, OPTIONS) == {"test": {"CIDEr": 2.5}}
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_a_new_run_records_its_key_before_it_starts(reproduction, tmp_path, monk
         return type("Completed", (), {"returncode": 0})()
 
     monkeypatch.setattr(reproduction.subprocess, "run", recipe)
-    assert reproduction.run_recipe_once("train_psst.py", tmp_path / "run", OPTIONS) == {"CIDEr": 1.0}
+    assert reproduction.run_recipe_once("train_psst.py", tmp_path / "run", OPTIONS) == {"test": {"CIDEr": 1.0}}
     key = json.loads((tmp_path / "run" / "run_key.json").read_text())
     assert key == {"recipe": "train_psst.py", "options": OPTIONS, "code": "git:0123abc"}
 

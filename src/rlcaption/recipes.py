@@ -103,6 +103,13 @@ class RecipeArguments:
     skip_unreadable_images: bool = field(
         default=False, metadata={"help": "Drop the rows whose image does not decode, naming them, instead of failing."}
     )
+    score_validation: bool = field(
+        default=False,
+        metadata={
+            "help": "After training, also score the validation split as the test split is scored (written to "
+            "eval_results.json under `validation`), so that settings are chosen on validation and test is read once."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
@@ -551,6 +558,20 @@ def recipe_model_card(
     )
 
 
+def _score_split(
+    trainer, split, name: str, extra_scores: Callable[[Any], Mapping[str, float]] | None
+) -> dict[str, float]:
+    """`trainer.evaluate` of one split on every process, without the split's prefix, with the method's
+    `extra_scores` added and printed on the main process."""
+    metrics = trainer.evaluate(split, metric_key_prefix=name)
+    scores = {key.removeprefix(f"{name}_"): value for key, value in metrics.items()}
+    if trainer.is_world_process_zero():
+        if extra_scores is not None:
+            scores.update(extra_scores(split))
+        print(f"{name} scores:", {key: round(value, 4) for key, value in scores.items()})
+    return scores
+
+
 def finish_recipe(
     trainer,
     processor,
@@ -563,8 +584,9 @@ def finish_recipe(
     The end of every recipe: saves the model and its processor to `--output_dir`, scores the test split on every
     process with `trainer.evaluate` (its `eval_metrics`, `eval_num_beams` and `eval_clip`), prints the scores, writes
     `eval_results.json` and the model card `README.md` (`model_card(scores, num_test_images)`), and publishes the
-    folder with `--push_to_hub`. `extra_scores(test_split)`, run on the main process, adds a method's own test scores
-    (e.g. a listener's recall). Every process returns together, with the process group closed.
+    folder with `--push_to_hub`. `extra_scores(split)`, run on the main process, adds a method's own scores (e.g. a
+    listener's recall). With `--score_validation`, the validation split is scored the same way first and written
+    beside the test scores. Every process returns together, with the process group closed.
 
     Returns:
         The test scores without their `test_` prefix, or `None` when the dataset has no test split.
@@ -578,16 +600,17 @@ def finish_recipe(
         processor.save_pretrained(args.output_dir)
     scores = None
     if "test" in dataset:
-        test_metrics = trainer.evaluate(dataset["test"], metric_key_prefix="test")
-        scores = {name.removeprefix("test_"): value for name, value in test_metrics.items()}
+        splits = ["validation", "test"] if script_args.score_validation and "validation" in dataset else ["test"]
+        results = {split: _score_split(trainer, dataset[split], split, extra_scores) for split in splits}
+        scores = results["test"]
         if trainer.is_world_process_zero():
-            if extra_scores is not None:
-                scores.update(extra_scores(dataset["test"]))
-            print("test scores:", {name: round(value, 4) for name, value in scores.items()})
             with open(os.path.join(args.output_dir, "eval_results.json"), "w", encoding="utf-8") as handle:
                 # a ratio with nothing to count (nan) is written as null: strict JSON has no NaN
                 json.dump(
-                    {"test": {name: None if value != value else value for name, value in scores.items()}},
+                    {
+                        split: {name: None if value != value else value for name, value in split_scores.items()}
+                        for split, split_scores in results.items()
+                    },
                     handle,
                     indent=2,
                 )

@@ -135,9 +135,13 @@ def test_psst_recipe_trains_a_speaker_listener_on_one_and_two_processes(tmp_path
     run_recipe(
         *accelerate_launch(num_processes), str(EXAMPLES / "train_psst.py"), "--output_dir", str(output_dir),
         *TINY_RUN, "--max_steps", "1", "--listener_hidden_size", "16", "--joint_embedding_size", "16",
-        cache_dir=tmp_path / "cache",
+        "--score_validation", "True", cache_dir=tmp_path / "cache",
     )  # fmt: skip
-    scores = json.loads((output_dir / "eval_results.json").read_text())["test"]
+    results = json.loads((output_dir / "eval_results.json").read_text())
+    # the validation split scored as the test split is, the listener's recall included, for choices made on it
+    assert results["validation"]["num_images"] == 4 and results["test"]["num_images"] == 6
+    assert set(results["validation"]) == set(results["test"])
+    scores = results["test"]
     assert {"CIDEr", "object_f1", "listener_R@1", "listener_R@10"} <= set(scores)
     assert 0.0 <= scores["listener_R@1"] <= scores["listener_R@10"] <= 1.0
     assert {"greedy_CIDEr", "greedy_listener_R@10"} <= set(scores)  # the greedy captions beside the beam-3 ones

@@ -1,16 +1,22 @@
 """
 Reproduction of Chaffin et al. 2024 (WTF-RL) on shapes: the variants of the paper's Table 1 (`tf`, `wtf`, `wtf_rl`,
 `rl`, `rl_unidirectional`, `scst_discriminator`) and `rl` without the discriminator (α = 1), each
-`examples/train_wtf.py` from the published XE warm start over several seeds and the given learning rates, judged on the
-test split by retrieval in both directions by the reward CLIP and by the evaluator CLIP (which no reward used, so a
-caption that only fools the reward CLIP shows), BLEU-4, ROUGE-L, CIDEr-D, Self-BLEU, the scene object F1 and the share
-of parse failures (the discriminator should keep captions parseable where RL alone drifts).
+`examples/train_wtf.py` from the published XE warm start over several seeds, judged by retrieval in both directions by
+the reward CLIP and by the evaluator CLIP (which no reward used, so a caption that only fools the reward CLIP shows),
+BLEU-4, ROUGE-L, CIDEr-D, Self-BLEU, the scene object F1 and the share of parse failures (the discriminator should keep
+captions parseable where RL alone drifts).
 
     python benchmarks/wtf_reproduction.py --output-dir runs/wtf_reproduction --jobs 2
 
-Prints the table (mean ± s.d. over seeds), writes `<output-dir>/results.json`, plots the evaluator's text-to-image
-R@1 against CIDEr-D (`--plot`) and, with `--card`, puts the table into a checkpoint's model card. Runs whose scores
-exist are read, not trained again.
+The policy's learning rate is chosen on the validation split: every variant runs at each `--learning-rates`, and the
+largest rate at which no seed of any variant collapses on validation (parse failures above `--collapse-parse-failures`)
+is kept. At that rate, the variants whose reward has a discriminator run again with the discriminator reading the
+image's CLIP embedding beside the caption's (`--discriminator_input image_text`, as the authors' code does), and the
+test split is read once for every run at the chosen rate.
+
+Prints the validation table of every rate and the test table at the chosen one (mean ± s.d. over seeds), writes
+`<output-dir>/results.json`, plots the evaluator's test text-to-image R@1 against CIDEr-D (`--plot`) and, with
+`--card`, puts the test table into a checkpoint's model card. Runs whose scores exist are read, not trained again.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from reproduction import (
@@ -43,6 +50,9 @@ VARIANT_OPTIONS = {
     "rl_no_discriminator": ["--wtf_variant", "rl", "--wtf_alpha", "1"],
 }
 VARIANTS = tuple(VARIANT_OPTIONS)
+# the variants whose reward has the discriminator's part (α < 1); `tf` trains on the ground truth alone
+DISCRIMINATOR_VARIANTS = ("wtf", "wtf_rl", "rl", "rl_unidirectional", "scst_discriminator")
+IMAGE_TEXT = ", image_text"
 COLUMNS = (
     ("reward_clip_t2i_R@1", "reward CLIP T2I R@1"),
     ("reward_clip_i2t_R@1", "reward CLIP I2T R@1"),
@@ -59,78 +69,125 @@ COLUMNS = (
 
 
 def _options(variant: str, seed: int, max_steps: int, learning_rate: float) -> list[str]:
+    """`variant` is a key of `VARIANT_OPTIONS`, or one of `DISCRIMINATOR_VARIANTS` followed by `IMAGE_TEXT`."""
+    discriminator = ["--discriminator_input", "image_text"] if variant.endswith(IMAGE_TEXT) else []
     return [
-        "--model_name_or_path", WARM_START, *VARIANT_OPTIONS[variant], "--seed", str(seed),
+        "--model_name_or_path", WARM_START, *VARIANT_OPTIONS[variant.removesuffix(IMAGE_TEXT)], *discriminator,
+        "--seed", str(seed),
         "--learning_rate", f"{learning_rate:g}", "--max_steps", str(max_steps), "--use_cpu", "--save_strategy", "no",
         "--eval_strategy", "no", "--eval_clip", EVALUATOR_CLIP, "--report_to", "none", "--disable_tqdm", "True",
-        "--logging_steps", "25", "--overwrite_output_dir", "True",
+        "--logging_steps", "25", "--overwrite_output_dir", "True", "--score_validation", "True",
     ]  # fmt: skip
 
 
-def _plot(rows: dict[tuple[str, float], dict[str, tuple[float, float]]], path: Path) -> None:
-    learning_rates = sorted({learning_rate for _, learning_rate in rows}, reverse=True)
-    colours = {variant: f"C{index}" for index, variant in enumerate(dict.fromkeys(variant for variant, _ in rows))}
+def chosen_learning_rate(results: dict[tuple[str, float], list[dict]], collapse_parse_failures: float) -> float:
+    """
+    The largest learning rate at which no seed of any variant has a validation share of parse failures above
+    `collapse_parse_failures` (`results`: `{(variant, learning rate): [{split: scores} of each seed]}`); the smallest
+    rate when every rate collapses somewhere.
+    """
+    learning_rates = sorted({learning_rate for _, learning_rate in results}, reverse=True)
+    for learning_rate in learning_rates:
+        failures = [
+            run["validation"]["parse_failure_share"] or 0.0
+            for (_, rate), runs in results.items()
+            if rate == learning_rate
+            for run in runs
+        ]
+        if max(failures) <= collapse_parse_failures:
+            return learning_rate
+    return learning_rates[-1]
+
+
+def _plot(rows: dict[str, dict[str, tuple[float, float]]], learning_rate: float, path: Path) -> None:
     with plot_to(path, figsize=(6.5, 4.5)) as axes:
-        for (variant, learning_rate), summary in rows.items():
+        for index, (variant, summary) in enumerate(rows.items()):
             (x, x_err), (y, y_err) = summary["CIDEr"], summary["t2i_R@1"]
             axes.errorbar(
-                x, y, xerr=x_err, yerr=y_err, capsize=3, linestyle="none", color=colours[variant],
-                marker="os^"[learning_rates.index(learning_rate) % 3], label=f"{variant}, lr {learning_rate:g}",
+                x, y, xerr=x_err, yerr=y_err, capsize=3, linestyle="none", color=f"C{index % 10}",
+                marker="s" if variant.endswith(IMAGE_TEXT) else "o", label=variant,
             )  # fmt: skip
         axes.set_xlabel("CIDEr-D (test, beam search)")
-        axes.set_ylabel("text-to-image R@1 by the evaluator CLIP")
-        axes.set_title("Shapes: WTF-RL variants (mean ± s.d. over seeds)", fontsize=10)
+        axes.set_ylabel("text-to-image R@1 by the evaluator CLIP (test)")
+        axes.set_title(
+            f"Shapes: WTF-RL variants at lr {learning_rate:g}, chosen on validation (mean ± s.d. over seeds)",
+            fontsize=9,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output-dir", type=Path, default=Path("runs/wtf_reproduction"))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument(
+        "--image-text-variants", nargs="*", default=list(DISCRIMINATOR_VARIANTS), choices=DISCRIMINATOR_VARIANTS,
+        help="Variants run again at the chosen rate with the discriminator reading the image too.",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-steps", type=int, default=250, help="Training steps of every run (250: one epoch).")
     parser.add_argument(
         "--learning-rates", type=float, nargs="+", default=[1e-4, 3e-5], help="The policy's learning rates."
     )
+    parser.add_argument(
+        "--collapse-parse-failures", type=float, default=0.05,
+        help="A run whose validation captions fail to parse more often than this has collapsed.",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
     parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "wtf_variants.png")
     parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the table into.")
     args = parser.parse_args()
     output_dir = args.output_dir.resolve()
 
-    def run_dir(variant: str, learning_rate: float, seed: int) -> Path:
-        return output_dir / f"{variant}-lr{learning_rate:g}-seed{seed}"
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    def run_all(pool, arms: list[tuple[str, float]]) -> dict[tuple[str, float], list[dict]]:
         futures = {
             (variant, learning_rate): [
                 pool.submit(
                     run_recipe_once,
                     "train_wtf.py",
-                    run_dir(variant, learning_rate, seed),
+                    output_dir / f"{variant.replace(IMAGE_TEXT, '-image-text')}-lr{learning_rate:g}-seed{seed}",
                     _options(variant, seed, args.max_steps, learning_rate),
                 )  # fmt: skip
                 for seed in args.seeds
             ]
-            for learning_rate in args.learning_rates
-            for variant in args.variants
+            for variant, learning_rate in arms
         }
-        results = {key: [future.result()["test"] for future in runs] for key, runs in futures.items()}
+        return {arm: [future.result() for future in runs] for arm, runs in futures.items()}
 
-    rows = {key: summarise(runs, [name for name, _ in COLUMNS]) for key, runs in results.items()}
-    name = {key: key[0] if len(args.learning_rates) == 1 else f"{key[0]}, lr {key[1]:g}" for key in results}
-    title = f"Shapes test split (500 images), {args.max_steps} steps of each variant from the XE warm start"
-    markdown = markdown_table(
-        {name[key]: row for key, row in rows.items()},
-        {name[key]: len(runs) for key, runs in results.items()},
-        COLUMNS,
-        first_header="variant",
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = run_all(pool, [(v, rate) for rate in args.learning_rates for v in args.variants])
+        learning_rate = chosen_learning_rate(results, args.collapse_parse_failures)
+        results.update(run_all(pool, [(f"{v}{IMAGE_TEXT}", learning_rate) for v in args.image_text_variants]))
+
+    keys = [name for name, _ in COLUMNS]
+    table = partial(markdown_table, columns=COLUMNS, first_header="variant")
+    validation = {
+        f"{variant}, lr {rate:g}": summarise([run["validation"] for run in runs], keys)
+        for (variant, rate), runs in results.items()
+    }
+    num_runs = {f"{variant}, lr {rate:g}": len(runs) for (variant, rate), runs in results.items()}
+    validation_title = f"Validation split (200 images), {args.max_steps} steps of each variant from the XE warm start"
+    print(f"\n{validation_title}\n{table(validation, num_runs)}")
+    chosen = {variant: runs for (variant, rate), runs in results.items() if rate == learning_rate}
+    test = {variant: summarise([run["test"] for run in runs], keys) for variant, runs in chosen.items()}
+    title = (
+        f"Shapes test split (500 images), {args.max_steps} steps of each variant from the XE warm start at learning "
+        f"rate {learning_rate:g} (the largest with no collapse on validation)"
     )
+    markdown = table(test, {variant: len(runs) for variant, runs in chosen.items()})
     print(f"\n{title}\n{markdown}")
     if args.card is not None:
         section = f"{title} (`{benchmark_command()}`):\n\n{markdown}"
         write_card_section(args.card, "Table 1 of the paper on shapes", section)
-    (output_dir / "results.json").write_text(json.dumps({name[key]: runs for key, runs in results.items()}, indent=1))
-    _plot(rows, args.plot)
+    (output_dir / "results.json").write_text(
+        json.dumps(
+            {
+                "runs": {f"{v}, lr {rate:g}": runs for (v, rate), runs in results.items()},
+                "learning_rate": learning_rate,
+            },
+            indent=1,
+        )
+    )
+    _plot(test, learning_rate, args.plot)
     print(f"\nplot: {args.plot}")
 
 

@@ -122,3 +122,67 @@ def test_the_actor_critic_reproduction_scores_test_at_the_lambda_chosen_on_valid
     assert ("ac-cider-seed0", "validation", (0.4, 1.0)) in judged
     assert sum(split == "test" for _, split, _ in judged) == 4  # XE, SCST, the two actor-critic runs
     assert "| actor-critic (CIDEr-D), λ = 0.4 (chosen) | 1 | 1.400 ± 0.000 |" in capsys.readouterr().out
+
+
+def test_the_sle_reproduction_shows_the_alpha_sweep_on_validation_and_the_methods_on_test(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import sle_reproduction
+
+    def scores(cider_validation, cider_test):
+        keys = [key for key, _ in sle_reproduction.COLUMNS]
+        return {
+            "validation": {**dict.fromkeys(keys, 0.5), "sample5_CIDEr": cider_validation},
+            "test": {**dict.fromkeys(keys, 0.5), "sample5_CIDEr": cider_test},
+        }
+
+    monkeypatch.setattr(sle_reproduction, "run_recipe_once", lambda recipe, run_dir, options: scores(1.25, 2.5))
+    monkeypatch.setattr(sle_reproduction, "_score_warm_start", lambda run_dir, seed: scores(1.0, 2.0))
+    monkeypatch.setattr(
+        "sys.argv",
+        ["sle_reproduction.py", "--output-dir", str(tmp_path), "--seeds", "0", "--alpha-seeds", "0", "--alphas",
+         "0.5", "--plot", str(tmp_path / "plot.png")],
+    )  # fmt: skip
+    sle_reproduction.main()
+    method_table, sweep_table = capsys.readouterr().out.split("SLE alpha sweep")
+    assert "| SLE | 1 | 0.500 ± 0.000 | 2.500 ± 0.000 |" in method_table  # test
+    assert "| SLE α=0.5 | 1 | 0.500 ± 0.000 | 1.250 ± 0.000 |" in sweep_table  # validation
+    assert (tmp_path / "plot.png").is_file()
+
+
+def test_the_wtf_reproduction_keeps_the_largest_rate_without_collapse_on_validation(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import wtf_reproduction
+
+    launched = []
+
+    def fake_recipe(recipe, run_dir, options):
+        launched.append(run_dir.name)
+        values = dict(zip(options[::2], options[1::2], strict=False))
+        rate = float(values["--learning_rate"])
+        keys = [key for key, _ in wtf_reproduction.COLUMNS]
+        # at 1e-4 one seed of wtf collapses on validation only; test would not show it
+        collapsed = rate == 1e-4 and values["--wtf_variant"] == "wtf" and values["--seed"] == "1"
+        return {
+            "validation": {**dict.fromkeys(keys, 0.5), "parse_failure_share": 0.4 if collapsed else 0.0},
+            "test": {**dict.fromkeys(keys, 0.5), "parse_failure_share": 0.0, "CIDEr": rate * 1e4},
+        }
+
+    monkeypatch.setattr(wtf_reproduction, "run_recipe_once", fake_recipe)
+    monkeypatch.setattr(
+        "sys.argv",
+        ["wtf_reproduction.py", "--output-dir", str(tmp_path), "--variants", "tf", "wtf", "--image-text-variants",
+         "wtf", "--seeds", "0", "1", "--learning-rates", "1e-4", "3e-5", "--plot", str(tmp_path / "plot.png")],
+    )  # fmt: skip
+    tmp_path.mkdir(exist_ok=True)
+    wtf_reproduction.main()
+    printed = capsys.readouterr().out
+    results = __import__("json").loads((tmp_path / "results.json").read_text())
+    assert results["learning_rate"] == 3e-5
+    # the image-text discriminator runs at the chosen rate only
+    assert {"wtf-image-text-lr3e-05-seed0", "wtf-image-text-lr3e-05-seed1"} <= set(launched)
+    assert not any(name.startswith("wtf-image-text-lr0.0001") for name in launched)
+    test_table = printed.split("Shapes test split")[1]
+    assert "| wtf, image_text | 2 |" in test_table and "lr 0.0001" not in test_table
+    assert "0.300 ± 0.000" in test_table  # CIDEr-D of the 3e-5 runs' test scores

@@ -15,7 +15,9 @@ CIDEr-D reward (`--bcmr` adds SCST and spider_pg with the paper's BLEU-4 + CIDEr
 
 Every model (and the XE warm start) captions the test split once with beam search (3 beams) and is scored with
 CIDEr-D, BLEU-4, ROUGE-L, METEOR (Java), the scene grounding of `rlcaption.evaluation.evaluate_model` (object F1,
-parse failures) and the diversity of the test captions (Self-BLEU-4, distinct captions). Nothing is chosen on test:
+parse failures), the diversity of the test captions (Self-BLEU-4, distinct captions) and the text-to-image R@1 of
+the evaluator CLIP (`--eval-clip`, which no reward used). `--plot` draws CIDEr-D against that recall per arm;
+`--card` puts the table and the plot into a model card. Nothing is chosen on test:
 each run is scored after its last step. The dataset is the same for every seed (`--data-seed`); the seed changes
 the data order and the sampling. The table gives the mean and the sample standard deviation over seeds.
 
@@ -35,24 +37,26 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import datasets
 import torch
+from reproduction import EVALUATOR_CLIP, REPOSITORY, benchmark_command, plot_to, write_card_section
 
 from rlcaption.data import load_shapes
-from rlcaption.evaluation import caption_dataset, diversity_scores, scene_grounding_scores
-from rlcaption.metrics import evaluate_captions
+from rlcaption.evaluation import caption_dataset, clip_scores, diversity_scores, scene_grounding_scores
+from rlcaption.metrics import evaluate_captions, load_clip
 from rlcaption.models import ShowTellRL
 from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 METRIC_KEYS = {"cider": "CIDEr", "bleu": "Bleu_4", "rouge_l": "ROUGE_L", "meteor": "METEOR"}
 # what a consensus metric cannot see: grounding in the scene and the diversity of the test captions
-EXTRA_KEYS = ["object_f1", "parse_failure_share", "Self-BLEU", "distinct_captions"]
+EXTRA_KEYS = ["object_f1", "parse_failure_share", "Self-BLEU", "distinct_captions", "t2i_R@1"]
 DISPLAY_NAMES = {
     "CIDEr": "CIDEr-D", "Bleu_4": "BLEU-4", "ROUGE_L": "ROUGE-L", "METEOR": "METEOR", "object_f1": "object F1",
     "parse_failure_share": "parse fail.", "Self-BLEU": "Self-BLEU-4", "distinct_captions": "distinct",
-    "policy_steps": "policy steps", "train_seconds": "train s",
+    "t2i_R@1": "evaluator T2I R@1", "policy_steps": "policy steps", "train_seconds": "train s",
 }  # fmt: skip
 CIDER_REWARD = ["cider"]
 # Liu et al. 2017's "BCMR": BLEU-4, CIDEr-D, METEOR and ROUGE-L with equal weights
@@ -75,12 +79,14 @@ def _train(model, processor, train_split, output_dir: str, seed: int, **settings
     return seconds
 
 
-def _score(model, processor, test_split, metrics: list[str]) -> dict[str, float]:
-    """The metrics of `rlcaption.evaluation.evaluate_model` and the diversity of the same beam-3 captions."""
+def _score(model, processor, test_split, metrics: list[str], eval_clip: str) -> dict[str, float]:
+    """The metrics of `rlcaption.evaluation.evaluate_model`, the diversity of the same beam-3 captions and the
+    evaluator CLIP's retrieval of each image from its caption."""
     predictions, references = caption_dataset(model.eval(), processor, test_split, num_beams=3, max_length=21)
     scores = {**evaluate_captions(predictions, references, metrics=metrics)}
     scores.update(scene_grounding_scores(predictions, test_split))
     scores.update(diversity_scores(predictions, None, ["self_bleu", "distinct_captions"]))
+    scores.update(clip_scores(predictions, test_split, load_clip(eval_clip)))
     keys = [METRIC_KEYS[metric] for metric in metrics] + EXTRA_KEYS
     return {key: float(scores[key]) for key in keys}
 
@@ -124,7 +130,7 @@ def _run_arm(args, name: str, settings: dict, seed: int, work_dir: str) -> dict[
     output_dir = os.path.join(work_dir, f"{name.replace(', ', '-').replace(' ', '-')}-{seed}")
     rl_settings = {"learning_rate": args.rl_learning_rate, **settings}
     seconds = _train(model, processor, shapes["train"], output_dir, seed, **rl_settings)
-    row = {**_score(model, processor, shapes["test"], args.metrics), "train_seconds": seconds}
+    row = {**_score(model, processor, shapes["test"], args.metrics, args.eval_clip), "train_seconds": seconds}
     row["policy_steps"] = float(args.policy_steps)
     print(f"[seed {seed}] {name}: {row}", flush=True)
     return row
@@ -176,6 +182,20 @@ def _two_std_verdicts(summary, key: str = "CIDEr") -> dict[str, str]:
     return verdicts
 
 
+def _plot(summary, path) -> None:
+    """CIDEr-D against the evaluator CLIP's text-to-image R@1, one point per arm (mean ± s.d. over seeds)."""
+    with plot_to(path) as axes:
+        for index, (name, stats) in enumerate(summary.items()):
+            axes.errorbar(
+                stats["CIDEr"]["mean"], stats["t2i_R@1"]["mean"], xerr=stats["CIDEr"]["std"],
+                yerr=stats["t2i_R@1"]["std"], capsize=3, linestyle="none", color=f"C{index}",
+                marker="s" if "BCMR" in name else "o", label=name,
+            )  # fmt: skip
+        axes.set_xlabel("CIDEr-D (test, beam 3)")
+        axes.set_ylabel("text-to-image R@1 by the evaluator CLIP (test)")
+        axes.set_title("Shapes: SCST and spider_pg from the same XE start (mean ± s.d. over seeds)", fontsize=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -192,7 +212,10 @@ def main() -> None:
     parser.add_argument("--bcmr", action="store_true", help="Add SCST and spider_pg with the BCMR reward mix.")
     parser.add_argument("--jobs", type=int, default=1, help="Runs trained at a time, in separate processes.")
     parser.add_argument("--metrics", nargs="+", default=list(METRIC_KEYS), choices=list(METRIC_KEYS))
+    parser.add_argument("--eval-clip", default=str(REPOSITORY / EVALUATOR_CLIP), help="The evaluator CLIP.")
     parser.add_argument("--output", default=None, help="Optional JSON file for the per-seed scores and the summary.")
+    parser.add_argument("--plot", default=None, help="Optional picture of CIDEr-D against the evaluator's R@1.")
+    parser.add_argument("--card", default=None, help="Optional model card (README.md) to put the table into.")
     args = parser.parse_args()
     # two processes on two cores run best on one thread each
     args.threads_per_job = max(1, (os.cpu_count() or 1) // args.jobs)
@@ -203,7 +226,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"XE": []}
     with tempfile.TemporaryDirectory() as work_dir:
         processor = CaptionProcessor.from_pretrained(args.xe_model)
-        xe_scores = _score(ShowTellRL.from_pretrained(args.xe_model), processor, shapes["test"], args.metrics)
+        xe_model = ShowTellRL.from_pretrained(args.xe_model)
+        xe_scores = _score(xe_model, processor, shapes["test"], args.metrics, args.eval_clip)
         runs["XE"].append({**xe_scores, "train_seconds": 0.0, "policy_steps": 0.0})
         print(f"XE warm start: {xe_scores}", flush=True)
 
@@ -230,6 +254,14 @@ def main() -> None:
     print(f"\n{heading}\n\n{table}\n")
     for verdict in verdicts.values():
         print(verdict)
+    if args.plot:
+        _plot(summary, Path(args.plot))
+    if args.card:
+        body = f"{heading} (`{benchmark_command()}`):\n\n{table}\n\n" + "\n".join(
+            f"- {verdict}" for verdict in verdicts.values()
+        )
+        plot = Path(args.plot) if args.plot else None
+        write_card_section(Path(args.card), "Against SCST on shapes", body, plot, "CIDEr-D against evaluator R@1")
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as handle:

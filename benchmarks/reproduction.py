@@ -170,7 +170,8 @@ def write_card_section(card: Path, heading: str, body: str, plot: Path | None = 
     copied beside the card and shown at the end of the section.
     """
     if plot is not None:
-        shutil.copyfile(plot, card.parent / plot.name)
+        if plot.resolve() != (card.parent / plot.name).resolve():
+            shutil.copyfile(plot, card.parent / plot.name)
         body = f"{body.rstrip()}\n\n![{plot_caption}]({plot.name})"
     text = card.read_text(encoding="utf-8")
     section = f"## {heading}\n\n{body.strip()}\n\n"

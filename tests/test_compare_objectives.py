@@ -13,6 +13,8 @@ SCRIPT = REPOSITORY / "benchmarks" / "compare_objectives.py"
 
 
 def load_script():
+    if str(SCRIPT.parent) not in sys.path:  # it imports the reproductions' shared helpers beside it
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("compare_objectives", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -39,12 +41,14 @@ def test_a_tiny_comparison_prints_and_saves_its_table(tmp_path):
         "PYTHONPATH": os.pathsep.join([str(REPOSITORY / "src"), os.environ.get("PYTHONPATH", "")]),
     }  # fmt: skip
     output = tmp_path / "compare.json"
+    card = tmp_path / "README.md"
+    card.write_text("---\nlicense: mit\n---\n# A captioner\n\n## Evaluation\n\nScores.\n\n## Citation\n\nA paper.\n")
     result = subprocess.run(
         [
             sys.executable, str(SCRIPT), "--xe-model", str(REPOSITORY / "checkpoints" / "show-tell-rl-shapes-xe"),
             "--num-train", "16", "--num-validation", "4", "--num-test", "8", "--seeds", "0", "1",
             "--policy-steps", "1", "--baseline-pretraining-steps", "1", "--metrics", "cider", "bleu",
-            "--output", str(output),
+            "--output", str(output), "--plot", str(tmp_path / "plot.png"), "--card", str(card),
         ],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -53,5 +57,17 @@ def test_a_tiny_comparison_prints_and_saves_its_table(tmp_path):
     assert rows == ["model", "XE", "SCST", "spider_pg", "spider_pg, no pretraining"]
     report = json.loads(output.read_text())
     assert len(report["runs"]["SCST"]) == 2
-    assert set(report["summary"]["SCST"]) >= {"CIDEr", "Bleu_4", "object_f1", "Self-BLEU", "distinct_captions"}
+    assert set(report["summary"]["SCST"]) >= {
+        "CIDEr",
+        "Bleu_4",
+        "object_f1",
+        "Self-BLEU",
+        "distinct_captions",
+        "t2i_R@1",
+    }
+    # the table and the picture go into the card, before its citation
+    text = card.read_text()
+    assert text.index("## Against SCST on shapes") < text.index("## Citation")
+    assert "evaluator T2I R@1" in text and "![CIDEr-D against evaluator R@1](plot.png)" in text
+    assert (tmp_path / "plot.png").is_file()
     assert set(report["verdicts"]) == {"spider_pg", "spider_pg, no pretraining"}

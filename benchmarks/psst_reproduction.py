@@ -94,7 +94,7 @@ def _warm_up_listener(output_dir: Path, steps: int, seed: int) -> Path:
     run_recipe_once(
         "train_psst.py", run_dir,
         ["--model_name_or_path", WARM_START, "--listener_pretraining_steps", str(steps), "--max_steps", str(steps),
-         *_common(seed)],
+         "--pretraining_only", "True", *_common(seed)],
     )  # fmt: skip
     return run_dir
 

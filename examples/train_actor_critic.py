@@ -137,7 +137,7 @@ def main(argv=None):
         model=model, args=training_args, processing_class=processor, train_dataset=dataset["train"],
         eval_dataset=dataset.get("validation"), reward_funcs=rewards,
     )  # fmt: skip
-    check_the_captioner_gets_steps(trainer)
+    check_the_captioner_gets_steps(trainer, script_args)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
     def lookahead_and_value_scores(split):

@@ -13,7 +13,8 @@ speaker passes (`--psst_mode st | psst | gumbel | st_gumbel | psst_gumbel | rein
 (`--gumbel_temperature_schedule constant | annealed`). A new listener first learns alone from the fixed speaker's
 words for `--listener_pretraining_steps` (the hardest-negative hinge does not train a listener from scratch); its image
 encoder is a fixed copy of the XE speaker's scene-pretrained CNN. `--model_name_or_path` also takes a
-`SpeakerListener` checkpoint (e.g. one whose listener was warmed up by an earlier run).
+`SpeakerListener` checkpoint (e.g. one whose listener was warmed up by an earlier run: `--max_steps` equal to
+`--listener_pretraining_steps` with `--pretraining_only True`).
 
 The test split is scored at the end: the consensus metrics and scene grounding of the speaker's captions (beam search,
 `--eval_num_beams`), the evaluator CLIP's retrieval with `--eval_clip` (so that a private speaker-listener code does

@@ -140,6 +140,21 @@ def test_a_budget_the_pretraining_uses_up_is_refused_before_any_data(tmp_path, m
         module.main(["--output_dir", str(tmp_path), "--max_steps", "5"])
 
 
+def test_a_pretraining_only_run_is_let_through_when_asked_for(tmp_path, monkeypatch):
+    # a PSST listener warmed up once, the start of several runs: the captioner is fixed on purpose
+    module = load_recipe("train_psst")
+
+    def load(name):
+        raise RuntimeError("stop before training")
+
+    monkeypatch.setattr(module, "load_pretrained_captioner", load)
+    arguments = ["--output_dir", str(tmp_path), "--listener_pretraining_steps", "5", "--max_steps", "5"]
+    with pytest.raises(ValueError, match="--max_steps 5 ends within the 5 steps of --listener_pretraining_steps"):
+        module.main(arguments)
+    with pytest.raises(RuntimeError, match="stop before training"):  # parsed and let through
+        module.main([*arguments, "--pretraining_only", "True"])
+
+
 def test_a_budget_in_epochs_the_pretraining_uses_up_is_refused(tiny_show_tell, tmp_path):
     captioner, processor, shapes = tiny_show_tell
     model = PolicyValueCaptioner.from_policy(captioner, value_hidden_size=8, value_mlp_hidden_size=8)
@@ -150,9 +165,10 @@ def test_a_budget_in_epochs_the_pretraining_uses_up_is_refused(tiny_show_tell, t
     trainer = RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=shapes["train"])
     assert trainer.planned_steps() == 4  # 8 images, 4 per step, 2 epochs
     with pytest.raises(ValueError, match="4 optimizer steps all go to pretraining"):
-        check_the_captioner_gets_steps(trainer)
+        check_the_captioner_gets_steps(trainer, RecipeArguments())
+    check_the_captioner_gets_steps(trainer, RecipeArguments(pretraining_only=True))  # asked for
     trainer.args.value_pretraining_steps = 3
-    check_the_captioner_gets_steps(trainer)
+    check_the_captioner_gets_steps(trainer, RecipeArguments())
     assert trainer.objective.steps_by_phase(4) == {"value_pretraining": 3, "actor_critic": 1}
 
 

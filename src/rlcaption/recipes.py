@@ -103,6 +103,14 @@ class RecipeArguments:
     skip_unreadable_images: bool = field(
         default=False, metadata={"help": "Drop the rows whose image does not decode, naming them, instead of failing."}
     )
+    pretraining_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow a run that ends within the method's pretraining phase, the captioner fixed (e.g. a PSST "
+            "listener warmed up once, from which several runs start with --model_name_or_path). Without it, a "
+            "--max_steps or epoch budget that the pretraining uses up is refused."
+        },
+    )
     score_validation: bool = field(
         default=False,
         metadata={
@@ -149,7 +157,8 @@ def parse_recipe_arguments(
     if "dataloader_num_workers" not in (defaults or {}):
         _decode_image_files_in_workers(parser, argv)
     script_args, training_args = parser.parse_args_into_dataclasses(args=_normalise_resume_flag(argv))
-    check_pretraining_leaves_steps(training_args)
+    if not getattr(script_args, "pretraining_only", False):
+        check_pretraining_leaves_steps(training_args)
     training_args.resume_from_checkpoint = resolve_resume_from_checkpoint(
         training_args.resume_from_checkpoint,
         training_args.output_dir,
@@ -201,8 +210,11 @@ def check_pretraining_leaves_steps(training_args: RLCaptionConfig) -> None:
             )
 
 
-def check_the_captioner_gets_steps(trainer: RLCaptionTrainer) -> None:
-    """[`check_pretraining_leaves_steps`] for a budget in epochs, once the trainer knows its steps."""
+def check_the_captioner_gets_steps(trainer: RLCaptionTrainer, script_args: RecipeArguments) -> None:
+    """[`check_pretraining_leaves_steps`] for a budget in epochs, once the trainer knows its steps (unless
+    `--pretraining_only`)."""
+    if script_args.pretraining_only:
+        return
     planned = trainer.planned_steps()
     steps = trainer.objective.steps_by_phase(planned)
     last_phase = trainer.objective.phases()[-1].name
@@ -653,7 +665,7 @@ def train_and_finish(
         eval_dataset=dataset.get("validation"),
         reward_funcs=reward_funcs,
     )
-    check_the_captioner_gets_steps(trainer)
+    check_the_captioner_gets_steps(trainer, script_args)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
     def card(scores: Mapping[str, float], num_test_images: int):

@@ -50,8 +50,12 @@ scores.update({f"lookahead_{name}": lookahead[name] for name in ("CIDEr", "Bleu_
 # the value network's explained variance needs the training's reward and samples: examples/train_actor_critic.py
 """,
     "speaker-listener-shapes-psst": """
-# the listener finds each image among the 500 from its speaker's greedy caption (rows "Listener R@k")
-scores.update(listener_recall(model, processor, test_split))
+# the listener finds each image among the 500 from its speaker's beam-3 caption (rows "Listener R@k"), and every
+# score again on the greedy captions (rows "... (greedy decoding)")
+scores.update(listener_recall(model, processor, test_split, num_beams=3, max_new_tokens=20))
+greedy = listener_recall(model, processor, test_split, max_new_tokens=20, clip="rlcaption/shapes-clip-evaluator",
+                         caption_metrics=["bleu", "rouge_l", "cider"])
+scores.update({"greedy_" + name.replace("clip_R@", "t2i_R@"): value for name, value in greedy.items()})
 """,
 }
 

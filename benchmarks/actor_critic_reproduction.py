@@ -94,8 +94,9 @@ def _judge(
     """
     key = {"code": code_version(), "split": split, "lambdas": list(lambdas)}
     cache = (cache_dir or model_dir) / f"judged-{split}.json"
-    if cache.is_file() and json.loads(cache.read_text()).get("key") == key:
-        return json.loads(cache.read_text())["scores"]
+    cached = json.loads(cache.read_text()) if cache.is_file() else {}
+    if cached.get("key") == key:
+        return cached["scores"]
     torch.set_num_threads(1)
     images_split = load_recipe_dataset(RecipeArguments())[split]
     model, processor = load_pretrained_captioner(str(model_dir))

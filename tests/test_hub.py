@@ -4,6 +4,7 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
+from hub_network import refuse_hub_requests
 from rlcaption.hub import OBJECTIVE_CITATIONS, caption_eval_results, publish_folder, render_model_card
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
 
@@ -179,14 +180,9 @@ def test_trainer_evaluation_and_caption_set_scores_reach_the_card(tmp_path):
 
 
 def test_push_to_hub_without_a_network_says_so_and_how_to_publish_later(monkeypatch):
-    import httpx2
     import huggingface_hub.constants
 
-    def no_network(transport, request):
-        raise httpx2.ConnectError("[Errno -2] Name or service not known", request=request)
-
-    monkeypatch.setattr(httpx2.HTTPTransport, "handle_request", no_network)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    refuse_hub_requests(monkeypatch)
     with pytest.raises(RuntimeError, match=r"Could not push the ShowTellRL to the Hub repo org/model: ConnectError"):
         tiny_model().push_to_hub("org/model")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)

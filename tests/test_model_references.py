@@ -4,11 +4,11 @@ offline switch, without one request for a model file; a Hub id loads from the ca
 import importlib.util
 from pathlib import Path
 
-import httpx2
 import huggingface_hub.constants
 import pytest
 from PIL import Image
 
+from hub_network import refuse_hub_requests
 from rlcaption.cli import main
 from rlcaption.hub import check_pretrained_reference
 from rlcaption.inference import load_captioner
@@ -26,15 +26,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 @pytest.fixture
 def hub_requests(monkeypatch):
     """Every HTTP request made, refused as by a machine without a network (the Hub's address answers nothing)."""
-    requested = []
-
-    def refuse(transport, request):
-        requested.append(str(request.url))
-        raise httpx2.ConnectError("[Errno -2] Name or service not known", request=request)
-
-    monkeypatch.setattr(httpx2.HTTPTransport, "handle_request", refuse)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    return requested
+    return refuse_hub_requests(monkeypatch)
 
 
 @pytest.fixture

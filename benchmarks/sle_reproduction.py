@@ -102,8 +102,12 @@ def _score_warm_start(run_dir: Path, seed: int) -> dict[str, dict[str, float]]:
     return json.loads(results.read_text())
 
 
-def _plot(rows: dict[str, dict[str, tuple[float, float]]], alphas: dict[str, float], path: Path) -> None:
+def _plot(
+    rows: dict[str, dict[str, tuple[float, float]]], alphas: dict[str, float], num_seeds: dict[str, int], path: Path
+) -> None:
     """CIDEr-D vs Div-2 of the samples: SLE's alpha curve beside the SLL baselines (XE, far to the right, left out)."""
+    counts = sorted({num_seeds[name] for name in (*alphas, "SLL", "SLL-ME")})
+    seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
     def point(name):
         (x, x_err), (y, y_err) = rows[name]["sample5_Div-2"], rows[name]["sample5_CIDEr"]
@@ -123,7 +127,7 @@ def _plot(rows: dict[str, dict[str, tuple[float, float]]], alphas: dict[str, flo
         axes.plot([], [], marker="o", color="tab:red", label="SLE (α = 1 … 0.5)")
         axes.set_xlabel("Div-2 of 5 random samples per image (higher: more diverse)")
         axes.set_ylabel("mean CIDEr-D of the 5 samples")
-        axes.set_title("Shapes validation split, one epoch from XE (mean ± s.d., 3 seeds)", fontsize=10)
+        axes.set_title(f"Shapes validation split, one epoch from XE (mean ± s.d. over {seeds} seeds)", fontsize=10)
 
 
 def main() -> None:
@@ -172,7 +176,7 @@ def main() -> None:
     print(table(sweep_rows, sweep_seeds))
     (output_dir / "results.json").write_text(json.dumps(results, indent=1))
     alphas = {"SLE": 0.75, **{f"SLE α={alpha:g}": alpha for alpha in args.alphas}}
-    _plot(validation, alphas, args.plot)
+    _plot(validation, alphas, num_seeds, args.plot)
     print(f"\nplot: {args.plot}")
 
 

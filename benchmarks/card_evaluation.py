@@ -6,8 +6,8 @@ captioners) with the decoding and metrics of the recipe that trained it, and pri
     python benchmarks/card_evaluation.py
 
 puts the section into `checkpoints/<name>/README.md` after the evaluation (in place of the one a previous run wrote)
-and copies the card to `model_cards/<name>.md`, as the reproduction benchmarks do. The numbers of the cards do not
-change; `tests/test_card_evaluation.py` runs the snippets.
+and copies the card to `model_cards/<name>.md`, with the plots it shows. The numbers of the cards do not change;
+`tests/test_card_evaluation.py` runs the snippets.
 """
 
 from __future__ import annotations
@@ -165,6 +165,8 @@ def main() -> None:
             continue
         write_card_section(card, HEADING, section_body(folder.name))
         shutil.copyfile(card, REPOSITORY / "model_cards" / f"{folder.name}.md")
+        for picture in folder.glob("*.png"):  # the plots a reproduction put into the card, which it links beside it
+            shutil.copyfile(picture, REPOSITORY / "model_cards" / picture.name)
         print(f"{card}: {HEADING}")
 
 

@@ -193,7 +193,9 @@ def _plot(summary, path) -> None:
             )  # fmt: skip
         axes.set_xlabel("CIDEr-D (test, beam 3)")
         axes.set_ylabel("text-to-image R@1 by the evaluator CLIP (test)")
-        axes.set_title("Shapes: SCST and spider_pg from the same XE start (mean ± s.d. over seeds)", fontsize=10)
+        axes.set_title(
+            "Shapes: SCST and spider_pg from one XE start\n(test split, mean ± s.d. over seeds)", fontsize=10
+        )
 
 
 def main() -> None:

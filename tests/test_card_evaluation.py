@@ -65,7 +65,11 @@ def test_each_card_loads_by_its_published_id_and_shows_how_to_evaluate(name):
     assert f'from_pretrained("{published_id}")' in usage or f'model="{published_id}"' in usage
     assert f'"{published_id}"' in snippet and "load_shapes(" in snippet
     assert not re.search(r'from_pretrained\("(?!rlcaption/)', usage + snippet)  # no folder names
-    assert (REPOSITORY / "model_cards" / f"{name}.md").read_text() == (CHECKPOINTS / name / "README.md").read_text()
+    text = (CHECKPOINTS / name / "README.md").read_text()
+    assert (REPOSITORY / "model_cards" / f"{name}.md").read_text() == text
+    # the pictures the card shows are beside it on the Hub and beside its copy, the same picture
+    for picture in re.findall(r"!\[[^\]]*\]\(([^)/]+\.png)\)", text):
+        assert (REPOSITORY / "model_cards" / picture).read_bytes() == (CHECKPOINTS / name / picture).read_bytes()
 
 
 @pytest.mark.parametrize("name", PUBLISHED)

@@ -187,8 +187,9 @@ def write_card_section(card: Path, heading: str, body: str, plot: Path | None = 
 
 
 @contextmanager
-def plot_to(path: Path, figsize: tuple[float, float] = (6, 4.2)) -> Iterator[Any]:
-    """A matplotlib figure's axes to draw on; on exit, legend and grid are added and the figure is saved to `path`."""
+def plot_to(path: Path, figsize: tuple[float, float] = (6, 4.2), legend_outside: bool = False) -> Iterator[Any]:
+    """A matplotlib figure's axes to draw on; on exit, legend (right of the axes with `legend_outside`, for plots
+    with many series) and grid are added and the figure is saved to `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,7 +197,10 @@ def plot_to(path: Path, figsize: tuple[float, float] = (6, 4.2)) -> Iterator[Any
 
     figure, axes = plt.subplots(figsize=figsize)
     yield axes
-    axes.legend(fontsize=8)
+    if legend_outside:
+        axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        axes.legend(fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

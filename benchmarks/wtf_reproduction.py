@@ -100,11 +100,13 @@ def chosen_learning_rate(results: dict[tuple[str, float], list[dict]], collapse_
 
 
 def _plot(rows: dict[str, dict[str, tuple[float, float]]], learning_rate: float, path: Path) -> None:
-    with plot_to(path, figsize=(6.5, 4.5)) as axes:
-        for index, (variant, summary) in enumerate(rows.items()):
+    with plot_to(path, figsize=(9, 4.5), legend_outside=True) as axes:
+        for variant, summary in rows.items():
             (x, x_err), (y, y_err) = summary["CIDEr"], summary["t2i_R@1"]
+            # a variant and its image-reading discriminator share a colour; the marker tells them apart
+            colour = f"C{VARIANTS.index(variant.removesuffix(IMAGE_TEXT))}"
             axes.errorbar(
-                x, y, xerr=x_err, yerr=y_err, capsize=3, linestyle="none", color=f"C{index % 10}",
+                x, y, xerr=x_err, yerr=y_err, capsize=3, linestyle="none", color=colour,
                 marker="s" if variant.endswith(IMAGE_TEXT) else "o", label=variant,
             )  # fmt: skip
         axes.set_xlabel("CIDEr-D (test, beam search)")

@@ -3,9 +3,10 @@
     python benchmarks/bench_recurrent_decoding.py [--device cuda] [--images 32 128 512] [--repeats 10]
 
 For the published XE warm start (`checkpoints/show-tell-rl-shapes-xe`) on shapes test images, the two decodings RL
-training asks for — 5 samples per image (pure sampling) and the greedy caption — are timed through the model's
-`Captioner`, once with the loop (`rlcaption.models.recurrent_decoding`) and once with `generate()`, from the same seed,
-which draw the same captions (checked here too). Medians of `--repeats` decodings after 2 of warm-up; the device is
+training asks for — 5 samples per image (pure sampling) and the greedy caption — are timed three ways from the same
+seed, which draw the same captions (checked here too): the loop of `rlcaption.models.recurrent_decoding` captured as
+one CUDA graph (what training uses on a GPU; on a CPU the loop again), the loop step by step, and `generate()`.
+Medians of `--repeats` decodings after 2 of warm-up; the device is
 synchronised around each.
 """
 
@@ -26,6 +27,7 @@ from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.captioners import Captioner, captioner_for
 from rlcaption.data import load_shapes
 from rlcaption.decoding import evaluation_mode
+from rlcaption.models.recurrent_decoding import decode_recurrent
 
 WARM_START = Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe"
 DECODINGS = {
@@ -71,35 +73,36 @@ def main(argv: list[str] | None = None) -> None:
         )["test"]["image"]
     pixel_values = processor(images=images, return_tensors="pt")["pixel_values"].to(device)
     captioner = captioner_for(model)
-    print(f"| decoding | images | loop ms | generate() ms | generate() / loop | same captions |  ({device})")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| decoding | images | CUDA graph ms | loop ms | generate() ms | loop / graph | generate() / graph "
+        f"| same captions |  ({device})"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     with evaluation_mode(model):
         for name, config in DECODINGS.items():
             for count in args.images:
-                loop_ms, generate_ms, same = compare(captioner, {"pixel_values": pixel_values[:count]}, config, args)
-                ratio = generate_ms / loop_ms
-                print(f"| {name} | {count} | {loop_ms:.1f} | {generate_ms:.1f} | {ratio:.1f}x | {same} |", flush=True)
+                times, same = compare(captioner, {"pixel_values": pixel_values[:count]}, config, args)
+                graph_ms, loop_ms, generate_ms = times
+                print(
+                    f"| {name} | {count} | {graph_ms:.1f} | {loop_ms:.1f} | {generate_ms:.1f} | "
+                    f"{loop_ms / graph_ms:.1f}x | {generate_ms / graph_ms:.1f}x | {same} |",
+                    flush=True,
+                )
 
 
-def compare(captioner: Captioner, inputs, config: GenerationConfig, args) -> tuple[float, float, bool]:
-    """Milliseconds of the loop and of `generate()`, and whether they decoded the same captions."""
+def compare(captioner: Captioner, inputs, config: GenerationConfig, args) -> tuple[list[float], bool]:
+    """Milliseconds of the loop as one CUDA graph (on a GPU; the loop itself elsewhere), of the loop step by step and
+    of `generate()`, and whether all three decoded the same captions."""
     device = torch.device(args.device)
-
-    def decode():
-        return captioner.generate(inputs, config)
-
-    loop_ms, loop_sequences = time_decoding(decode, device, args.repeats)
-    generate_ms, generate_sequences = time_decoding(lambda: _through_generate(captioner, decode), device, args.repeats)
-    return loop_ms, generate_ms, torch.equal(loop_sequences, generate_sequences)
-
-
-def _through_generate(captioner: Captioner, decode):
-    """Runs `decode` with the captioner's decoding sent to `generate()` instead of the loop."""
-    captioner._call_generate = lambda inputs, config: Captioner._call_generate(captioner, inputs, config)
-    try:
-        return decode()
-    finally:
-        del captioner._call_generate
+    complete = captioner.complete_generation_config(config)
+    decodings = [
+        lambda: decode_recurrent(captioner.recurrent_network, inputs, complete, cuda_graphs=True),
+        lambda: decode_recurrent(captioner.recurrent_network, inputs, complete, cuda_graphs=False),
+        lambda: Captioner._call_generate(captioner, inputs, complete),
+    ]
+    timings = [time_decoding(decode, device, args.repeats) for decode in decodings]
+    sequences = [sequences for _, sequences in timings]
+    return [ms for ms, _ in timings], all(torch.equal(sequences[0], other) for other in sequences[1:])
 
 
 if __name__ == "__main__":

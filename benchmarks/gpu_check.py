@@ -12,7 +12,8 @@ random weights and a `BlipProcessor` built here.
    (M = 1, K = 3) through `RLCaptionTrainer`, for the published XE warm start `ShowTellRL` and for a BLIP-base-size
    captioner in bf16: median milliseconds of `--repeats` steps after `--warmup`, each from the same weights and seed,
    and the shares of the step spent sampling (every `generate` call the objective makes, rollouts included) and in
-   the reward calls. The device is synchronised around each timed part, so shares are of wall time.
+   the reward calls. The device is synchronised around each timed part, so shares are of wall time. On a GPU the
+   `ShowTellRL` rows are measured twice: decoding as CUDA graphs (the default) and step by step.
 3. Throughput. Images per second of the `ShowTellRL` SCST step as the batch grows: close to linear until the device
    is busy, flat once it is.
 
@@ -49,6 +50,7 @@ from transformers import (
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
+from rlcaption.models.recurrent_decoding import use_cuda_graphs
 from rlcaption.objectives import spider_pg as spider_pg_module
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
@@ -418,6 +420,16 @@ def main(argv: list[str] | None = None) -> int:
         shapes, args.warmup, args.repeats, scratch,
     )  # fmt: skip
     report("budget", budget, budget_table(budget))
+    if device.type == "cuda":  # the same steps with every decoding step by step: what the decoding graphs save
+        use_cuda_graphs(False)
+        try:
+            budget += step_budget(
+                "ShowTellRL, step-by-step decoding", show_tell, ("xe", "scst", "spider_pg"), sizes["show_tell"],
+                device, False, shapes, args.warmup, args.repeats, scratch,
+            )  # fmt: skip
+        finally:
+            use_cuda_graphs(True)
+        report("budget", budget, budget_table(budget[-len(sizes["show_tell"]) :]))
     if not args.skip_blip:
         captions = [caption for row in shapes["train"]["captions"] for caption in row]
         image_size = 384 if sizes["blip_size"] == "base" else 16

@@ -11,7 +11,8 @@ from rlcaption import CaptionProcessor, PolicyValueCaptioner, ShowTellRL, Speake
 from rlcaption.captioners import Captioner, captioner_for
 from rlcaption.data import load_shapes
 from rlcaption.decoding import evaluation_mode
-from rlcaption.models.recurrent_decoding import decode_recurrent, decodes_plainly
+from rlcaption.models import recurrent_decoding
+from rlcaption.models.recurrent_decoding import decode_recurrent, decodes_plainly, draw_tokens
 from rlcaption.models.show_tell_rl import ShowTellRLConfig
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -126,3 +127,44 @@ def test_beam_search_still_goes_through_generate(warm_start_inputs):
     pixels = warm_start_inputs["pixel_values"][:4]
     expected = model.generate(pixel_values=pixels, generation_config=captioner.complete_generation_config(config))
     assert torch.equal(captioner.generate({"pixel_values": pixels}, config), expected)
+
+
+def test_tokens_are_drawn_as_torch_multinomial_draws_them():
+    probs = torch.softmax(3 * torch.randn(64, 37, generator=torch.Generator().manual_seed(0)), dim=-1)
+    probs[:, 5] = 0.0  # a token that can never be drawn
+    for seed in range(20):
+        torch.manual_seed(seed)
+        expected = torch.multinomial(probs, num_samples=1).squeeze(1)
+        torch.manual_seed(seed)
+        drawn = draw_tokens(probs)
+        assert torch.equal(drawn, expected)
+        assert not (drawn == 5).any()
+
+
+@pytest.mark.parametrize("model_kind", ["warm start", "regions", "regions with attention"])
+@pytest.mark.parametrize("setting", list(SETTINGS), ids=list(SETTINGS))
+def test_decoding_every_step_as_a_cuda_graph_does_gives_the_same_captions(model_kind, setting, warm_start_inputs):
+    """A CUDA graph cannot stop when every caption has ended: it decodes all `max_new_tokens` steps. What it captures
+    is checked here on the CPU against the decoding that stops early (on a GPU, tests/trainer/test_cuda.py)."""
+    if model_kind == "warm start":  # its captions end well before the budget, so the decoding stops early
+        model, image_inputs = (
+            ShowTellRL.from_pretrained(WARM_START),
+            {"pixel_values": warm_start_inputs["pixel_values"]},
+        )
+    else:
+        model = regions_show_tell(image_attention=model_kind == "regions with attention")
+        image_inputs = {
+            "image_features": torch.randn(6, 4, 6, generator=torch.Generator().manual_seed(1)),
+            "image_feature_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]] * 2),
+        }
+    model.eval()
+    config = captioner_for(model).complete_generation_config(SETTINGS[setting])
+    torch.manual_seed(0)
+    expected = decode_recurrent(model, image_inputs, config)
+    torch.manual_seed(0)
+    state = model.initial_state(**image_inputs).repeat_interleave(config.num_return_sequences or 1)
+    every_step = torch.empty(state.hidden.shape[1], config.max_new_tokens + 1, dtype=torch.long)
+    with torch.no_grad():
+        recurrent_decoding._decode_steps(model, state, every_step, config, stops_early=False)
+    assert torch.equal(recurrent_decoding._trim_after_last_end(every_step, config.eos_token_id), expected)
+    assert recurrent_decoding._graph_key(model, state, config) is None  # on the CPU: never a graph

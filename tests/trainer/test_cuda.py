@@ -18,11 +18,15 @@ from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.captioners import Captioner, captioner_for
 from rlcaption.data import load_shapes
 from rlcaption.decoding import evaluation_mode, generate_captions
+from rlcaption.models import recurrent_decoding
+from rlcaption.models.recurrent_decoding import decode_recurrent
+from rlcaption.models.show_tell_rl import ShowTellRLConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 WARM_START = REPOSITORY / "checkpoints" / "show-tell-rl-shapes-xe"
+REGION_MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]] * 2)
 # every objective with each of its phases, on the model it trains
 STEPS = [
     ("xe", {}, "show_tell_attention"),
@@ -105,3 +109,65 @@ def test_the_decoding_loop_samples_on_the_gpu_as_generate_does(tmp_path):
         with evaluation_mode(model):
             sequences.append(captioner.generate(inputs, sampling))
     assert torch.equal(*sequences)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, precision):
+    processor = CaptionProcessor.from_pretrained(WARM_START)
+    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
+        "image"
+    ]
+    warm_start = ShowTellRL.from_pretrained(WARM_START).cuda()
+    attention = ShowTellRL(
+        ShowTellRLConfig(
+            vocab_size=30,
+            hidden_size=16,
+            word_embedding_size=8,
+            max_caption_length=8,
+            encoder_type="features",
+            image_feature_size=6,
+            image_feature_layout="grid",
+            image_attention=True,
+        )  # fmt: skip
+    ).cuda()
+    cases = [
+        (warm_start, {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}),
+        (attention, {"image_features": torch.randn(8, 4, 6).cuda(), "image_feature_mask": REGION_MASK.cuda()}),
+    ]
+    settings = [
+        GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=20),
+        GenerationConfig(
+            do_sample=True,
+            num_beams=1,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            num_return_sequences=5,
+            max_new_tokens=20,
+        ),  # fmt: skip
+        GenerationConfig(
+            do_sample=True,
+            num_beams=1,
+            temperature=0.7,
+            top_k=10,
+            top_p=0.9,
+            num_return_sequences=3,
+            max_new_tokens=20,
+        ),  # fmt: skip
+    ]
+    autocast = torch.autocast("cuda", torch.bfloat16, enabled=precision == "bf16")
+    for model, image_inputs in cases:
+        captioner = captioner_for(model)
+        for update in range(2):  # the second round after an update of the weights in place, as an optimizer makes
+            for setting in settings:
+                config = captioner.complete_generation_config(setting)
+                decoded = []
+                for cuda_graphs in (False, True, True):  # the second graph call replays the captured graph
+                    torch.manual_seed(update)
+                    with evaluation_mode(model), autocast:
+                        decoded.append(decode_recurrent(model, image_inputs, config, cuda_graphs=cuda_graphs))
+                assert torch.equal(decoded[0], decoded[1]) and torch.equal(decoded[0], decoded[2])
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(0.05 * torch.randn_like(parameter))
+        assert 0 < len(recurrent_decoding._DECODING_GRAPHS[model]) <= recurrent_decoding.MAX_DECODING_GRAPHS_PER_MODEL

@@ -7,12 +7,18 @@ and asks the device whether every caption has ended. A step of a small LSTM capt
 that bookkeeping costs the host, and each question stalls the host until the device has caught up, so on a GPU
 `generate()` leaves the device idle most of the time. This loop computes the same thing — the same network calls,
 the same logits warpers in the same order, the same draw from torch's generator, so the same sequences for the same
-seed — and asks whether all captions have ended only every few tokens.
+seed — and asks whether all captions have ended only every few tokens. On a GPU it goes further: the whole decoding
+after the image encoding is captured once as a CUDA graph and replayed, one launch for every kernel of every token.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,8 +29,11 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.utils import logging
 
-__all__ = ["decode_recurrent", "decodes_plainly", "logits_warpers"]
+__all__ = ["decode_recurrent", "decodes_plainly", "draw_tokens", "logits_warpers", "use_cuda_graphs"]
+
+logger = logging.get_logger(__name__)
 
 # The settings this loop honours; any other setting a config changes from the library defaults is left to generate().
 PLAIN_SETTINGS = frozenset(
@@ -63,14 +72,162 @@ def logits_warpers(config: GenerationConfig) -> LogitsProcessorList:
     return warpers
 
 
+def draw_tokens(probs: torch.Tensor) -> torch.LongTensor:
+    """One token per row of `probs` `(N, V)`, drawn as `torch.multinomial(probs, 1)` draws it (its one-sample path:
+    the argmax of `probs` over exponential noise), so from the same generator state the same tokens. Unlike
+    `torch.multinomial`, it never asks the device whether `probs` is valid, a wait per token that a CUDA graph cannot
+    hold."""
+    return probs.div(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+
+
+def _decode_step(model, tokens, state, sequences, position, unfinished, config, warpers):
+    """Token `position` of every caption, written into `sequences`; `unfinished` is updated in place."""
+    logits, _, state = model.step(tokens, state)
+    scores = warpers(sequences[:, :position], logits.float())
+    tokens = draw_tokens(torch.softmax(scores, dim=-1)) if config.do_sample else scores.argmax(dim=-1)
+    tokens = tokens.masked_fill(~unfinished, config.pad_token_id)
+    sequences[:, position] = tokens
+    unfinished &= tokens != config.eos_token_id
+    return tokens, state
+
+
+def _trim_after_last_end(sequences: torch.LongTensor, end: int) -> torch.LongTensor:
+    """`sequences` up to the end token of the caption that ends last, or whole if one never ends, as `generate()`
+    returns them."""
+    ended = sequences[:, 1:] == end
+    end_position = torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, sequences.shape[1] - 1)
+    return sequences[:, : int(end_position.max()) + 1]
+
+
+def _decode_steps(model, state, sequences, config, stops_early: bool) -> None:
+    """Writes a decoding from `state` into `sequences` (of `max_new_tokens + 1` columns). With `stops_early`, it stops
+    once every caption has ended, asked every few tokens; without, it decodes every step: what a CUDA graph holds,
+    where nothing can depend on the device's values."""
+    sequences.fill_(config.pad_token_id)
+    sequences[:, 0] = config.bos_token_id
+    tokens = sequences[:, 0].clone()
+    unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+    warpers = logits_warpers(config)
+    for position in range(1, sequences.shape[1]):
+        tokens, state = _decode_step(model, tokens, state, sequences, position, unfinished, config, warpers)
+        if stops_early and position % STEPS_BETWEEN_END_CHECKS == 0 and not bool(unfinished.any()):
+            return
+
+
+def _state_tensors(state: Any) -> dict[str, torch.Tensor]:
+    return {name: value for name, value in vars(state).items() if isinstance(value, torch.Tensor)}
+
+
+class _DecodingGraph:
+    """
+    A whole decoding of `config.max_new_tokens` tokens captured as one CUDA graph, for one batch shape: replaying it
+    launches every kernel of every step at once, with no host work per token. Its input is the initial state, copied
+    into static buffers; it decodes every step, also past the end of the last caption, since a graph cannot stop
+    early. Parameters are read where they live, so updates in place (optimizer steps, `load_state_dict`) are seen.
+    Random draws come from the device's default generator, as in eager decoding.
+    """
+
+    def __init__(self, model: nn.Module, state: Any, config: GenerationConfig):
+        device = state.hidden.device
+        self.state = copy.copy(state)
+        for name, tensor in _state_tensors(state).items():
+            setattr(self.state, name, tensor.clone())
+        self.sequences = torch.empty(state.hidden.shape[1], config.max_new_tokens + 1, dtype=torch.long, device=device)
+        decode = functools.partial(_decode_steps, model, self.state, self.sequences, config, stops_early=False)
+        # autocast's cache of cast weights would be freed under the graph when autocast exits
+        autocast = torch.autocast(
+            "cuda", torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False
+        )
+        generator_state = torch.cuda.get_rng_state(device)
+        side_stream = torch.cuda.Stream(device)
+        side_stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side_stream), autocast:
+            decode()  # warm-up, as capture requires: lazy initialisations and the allocations of a first run
+        torch.cuda.current_stream(device).wait_stream(side_stream)
+        torch.cuda.set_rng_state(generator_state, device)  # the first replay draws what eager decoding would draw
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), autocast:
+            decode()
+
+    def __call__(self, state: Any) -> torch.LongTensor:
+        for name, tensor in _state_tensors(state).items():
+            getattr(self.state, name).copy_(tensor)
+        self.graph.replay()
+        return self.sequences.clone()
+
+
+# The captured decodings of each network, most recently used last. A graph keeps the memory of its intermediates,
+# so only a few batch shapes are kept: RL training decodes the same few shapes at every step.
+_DECODING_GRAPHS: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
+MAX_DECODING_GRAPHS_PER_MODEL = 4
+_UNCAPTURABLE = object()
+
+
+def _graph_key(model: nn.Module, state: Any, config: GenerationConfig) -> tuple | None:
+    """What a captured decoding depends on, or None where a CUDA graph cannot hold it (not one CUDA device)."""
+    tensors, modules = [*_state_tensors(state).values(), *model.parameters()], list(model.modules())
+    devices = {tensor.device for tensor in tensors}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return None
+    return (
+        tuple((name, tensor.shape, tensor.dtype) for name, tensor in _state_tensors(state).items()),
+        tuple(parameter.data_ptr() for parameter in model.parameters()),
+        # dropout on or off is baked into the graph
+        tuple((module.training, getattr(module, "p", None), getattr(module, "dropout", None)) for module in modules),
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+        config.do_sample, config.temperature, config.top_k, config.top_p, config.max_new_tokens,
+        config.bos_token_id, config.eos_token_id, config.pad_token_id,
+    )  # fmt: skip
+
+
+def _graphed_decoding(model: nn.Module, state: Any, config: GenerationConfig) -> _DecodingGraph | None:
+    key = _graph_key(model, state, config)
+    if key is None:
+        return None
+    graphs = _DECODING_GRAPHS.setdefault(model, OrderedDict())
+    graph = graphs.get(key)
+    if graph is None:
+        try:
+            graph = _DecodingGraph(model, state, config)
+        except RuntimeError as error:  # an operation that a CUDA graph cannot capture: decode step by step
+            logger.warning_once(
+                f"Decoding step by step: this model's decoding cannot be captured as a CUDA graph ({error})."
+            )
+            graph = _UNCAPTURABLE
+        graphs[key] = graph
+        while len(graphs) > MAX_DECODING_GRAPHS_PER_MODEL:
+            graphs.popitem(last=False)
+    graphs.move_to_end(key)
+    return None if graph is _UNCAPTURABLE else graph
+
+
+_CUDA_GRAPHS = {"enabled": True}
+
+
+def use_cuda_graphs(enabled: bool) -> None:
+    """Whether [`decode_recurrent`] captures its decodings on CUDA devices as CUDA graphs (the default), e.g. to
+    compare with step-by-step decoding or to save the graphs' memory."""
+    _CUDA_GRAPHS["enabled"] = enabled
+    if not enabled:
+        _DECODING_GRAPHS.clear()
+
+
 @torch.no_grad()
 def decode_recurrent(
-    model: nn.Module, image_inputs: Mapping[str, torch.Tensor], config: GenerationConfig
+    model: nn.Module,
+    image_inputs: Mapping[str, torch.Tensor],
+    config: GenerationConfig,
+    cuda_graphs: bool | None = None,
 ) -> torch.LongTensor:
     """
     Decodes `config.num_return_sequences` captions per image with a recurrent captioner (a [`ShowTellRL`]: anything
     with `initial_state(**image_inputs)` and `step(token_ids, state)`), as `model.generate(**image_inputs,
     generation_config=config)` does for a config that [`decodes_plainly`]. Call it in the mode to decode in.
+
+    On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding after the image
+    encoding is one CUDA graph, captured at the first call for each batch shape (a few are kept per model); it draws
+    the same captions as step-by-step decoding.
 
     Returns:
         `torch.LongTensor` of shape `(num_images * num_return_sequences, length)`: the start token, then the caption,
@@ -78,31 +235,17 @@ def decode_recurrent(
     """
     if not decodes_plainly(config):
         raise ValueError(f"decode_recurrent decodes greedily or samples, with nothing else set; got {config}.")
-    start, end, pad = config.bos_token_id, config.eos_token_id, config.pad_token_id
     state = model.initial_state(**image_inputs)
     captions_per_image = config.num_return_sequences or 1
     if captions_per_image > 1:
         state = state.repeat_interleave(captions_per_image)
-    num_captions, device = state.hidden.shape[1], state.hidden.device
-    sequences = torch.full((num_captions, config.max_new_tokens + 1), pad, dtype=torch.long, device=device)
-    sequences[:, 0] = start
-    tokens = sequences[:, 0].clone()
-    unfinished = torch.ones(num_captions, dtype=torch.bool, device=device)
-    # where each caption ends; generate() stops at the end of the last one, which sets the returned length
-    end_position = torch.full((num_captions,), sequences.shape[1] - 1, device=device)
-    warpers = logits_warpers(config)
-    for position in range(1, sequences.shape[1]):
-        logits, _, state = model.step(tokens, state)
-        scores = warpers(sequences[:, :position], logits.float())
-        if config.do_sample:
-            tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-        else:
-            tokens = scores.argmax(dim=-1)
-        tokens = tokens.masked_fill(~unfinished, pad)
-        sequences[:, position] = tokens
-        ending = unfinished & (tokens == end)
-        end_position.masked_fill_(ending, position)
-        unfinished &= ~ending
-        if position % STEPS_BETWEEN_END_CHECKS == 0 and not bool(unfinished.any()):
-            break
-    return sequences[:, : int(end_position.max()) + 1]
+    graph = None
+    if _CUDA_GRAPHS["enabled"] if cuda_graphs is None else cuda_graphs:
+        graph = _graphed_decoding(model, state, config)
+    if graph is not None:
+        return _trim_after_last_end(graph(state), config.eos_token_id)
+    sequences = torch.empty(
+        state.hidden.shape[1], config.max_new_tokens + 1, dtype=torch.long, device=state.hidden.device
+    )
+    _decode_steps(model, state, sequences, config, stops_early=True)
+    return _trim_after_last_end(sequences, config.eos_token_id)

@@ -12,8 +12,10 @@ random weights and a `BlipProcessor` built here.
    (M = 1, K = 3) through `RLCaptionTrainer`, for the published XE warm start `ShowTellRL` and for a BLIP-base-size
    captioner in bf16: median milliseconds of `--repeats` steps after `--warmup`, each from the same weights and seed,
    and the shares of the step spent sampling (every `generate` call the objective makes, rollouts included) and in
-   the reward calls. The device is synchronised around each timed part, so shares are of wall time. On a GPU the
-   `ShowTellRL` rows are measured twice: decoding as CUDA graphs (the default) and step by step.
+   the reward calls. The device is synchronised around each timed part, so shares are of wall time. Each objective
+   trains its own copy of the model and their steps are interleaved, so that load on the machine hits them alike. On
+   a GPU the `ShowTellRL` rows are measured twice in the same loop: decoding as CUDA graphs (the default) and step by
+   step.
 3. Throughput. Images per second of the `ShowTellRL` SCST step as the batch grows: close to linear until the device
    is busy, flat once it is.
 
@@ -59,6 +61,8 @@ EXAMPLES = REPOSITORY / "examples"
 CHECKPOINTS = REPOSITORY / "checkpoints"
 WARM_START = CHECKPOINTS / "show-tell-rl-shapes-xe"
 LEARNING_RATES = {"xe": 2e-3, "scst": 5e-4, "spider_pg": 5e-4}
+# the trainer's decodings for RL (none calls another)
+SAMPLING_METHODS = ("sample_captions", "greedy_captions", "sample_and_greedy_captions")
 TARGETS = {"scst_over_xe": 1.5, "spider_over_scst": 2.0, "blip_scst_over_xe": 2.5}
 # the per-process sizes of the run: a GPU's, and the CPU's tiny ones that the test suite runs
 SIZES = {
@@ -246,54 +250,78 @@ def optimizer_step(trainer: RLCaptionTrainer, batch: dict[str, Any]) -> None:
     trainer.model.zero_grad()
 
 
-def time_steps(trainer: RLCaptionTrainer, batch_size: int, warmup: int, repeats: int) -> dict[str, float]:
-    """Median step time and the median shares of sampling and rewards, each step from the same weights and seed."""
-    device = trainer.args.device
-    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-    initial = copy.deepcopy(trainer.model.state_dict())
-    watches = [Stopwatch(trainer, name, device) for name in ("sample_captions", "greedy_captions")]
-    watches.append(Stopwatch(spider_pg_module, "sample_rollouts", device))
-    reward_watch = Stopwatch(trainer, "compute_rewards", device)
-    steps, sampling, rewards = [], [], []
-    try:
-        for repeat in range(warmup + repeats):
-            trainer.model.load_state_dict(initial)
-            torch.manual_seed(repeat)
-            for watch in (*watches, reward_watch):
-                watch.seconds = 0.0
-            synchronize(device)
+class StepTimer:
+    """Times full optimizer steps of one trainer on one batch, each from the same weights and seed, with the shares
+    of sampling and rewards. With `cuda_graphs=False` its decodings go step by step instead of as CUDA graphs."""
+
+    def __init__(self, trainer: RLCaptionTrainer, cuda_graphs: bool = True):
+        self.trainer, self.cuda_graphs, self.device = trainer, cuda_graphs, trainer.args.device
+        self.batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+        self.initial = copy.deepcopy(trainer.model.state_dict())
+        self.sampling_watches = [Stopwatch(trainer, name, self.device) for name in SAMPLING_METHODS]
+        self.reward_watch = Stopwatch(trainer, "compute_rewards", self.device)
+        self.steps, self.sampling, self.rewards = [], [], []
+
+    def step(self, seed: int, rollout_watch: Stopwatch, record: bool) -> None:
+        watches = [*self.sampling_watches, rollout_watch]
+        self.trainer.model.load_state_dict(self.initial)
+        torch.manual_seed(seed)
+        for watch in (*watches, self.reward_watch):
+            watch.seconds = 0.0
+        use_cuda_graphs(self.cuda_graphs)
+        try:
+            synchronize(self.device)
             start = time.perf_counter()
-            optimizer_step(trainer, batch)
-            synchronize(device)
-            seconds = time.perf_counter() - start
-            if repeat >= warmup:
-                steps.append(seconds)
-                sampling.append(sum(watch.seconds for watch in watches) / seconds)
-                rewards.append(reward_watch.seconds / seconds)
-    finally:
-        for watch in (*watches, reward_watch):
+            optimizer_step(self.trainer, self.batch)
+            synchronize(self.device)
+        finally:
+            use_cuda_graphs(True)
+        seconds = time.perf_counter() - start
+        if record:
+            self.steps.append(seconds)
+            self.sampling.append(sum(watch.seconds for watch in watches) / seconds)
+            self.rewards.append(self.reward_watch.seconds / seconds)
+
+    def summary(self, batch_size: int) -> dict[str, float]:
+        for watch in (*self.sampling_watches, self.reward_watch):
             watch.restore()
-    step = statistics.median(steps)
-    return {
-        "ms": 1000 * step,
-        "sampling_share": statistics.median(sampling),
-        "reward_share": statistics.median(rewards),
-        "images_per_second": batch_size / step,
-    }
+        step = statistics.median(self.steps)
+        return {
+            "ms": 1000 * step,
+            "sampling_share": statistics.median(self.sampling),
+            "reward_share": statistics.median(self.rewards),
+            "images_per_second": batch_size / step,
+        }
 
 
-def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes, warmup, repeats, scratch):
+def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes, warmup, repeats, scratch, variants):
+    """A row per batch size and decoding variant (`True`: CUDA graphs, `False`: step by step) with the median step of
+    each objective. Every objective and variant of a batch size trains its own copy of the model, and their steps are
+    interleaved repeat by repeat, so that load on the machine hits them alike; XE decodes nothing and runs once."""
     rows = []
     for batch_size in batch_sizes:
-        row = {"model": model_name, "images": batch_size, "precision": "bf16" if bf16 else "fp32"}
+        timers = {}
         for objective in objectives:
-            model, processor = build()
-            trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
-            row[objective] = time_steps(trainer, batch_size, warmup, repeats)
-            del trainer, model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        rows.append(row)
+            for cuda_graphs in variants if objective != "xe" else (True,):
+                model, processor = build()
+                trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
+                timers[objective, cuda_graphs] = StepTimer(trainer, cuda_graphs)
+        rollout_watch = Stopwatch(spider_pg_module, "sample_rollouts", device)
+        try:
+            for repeat in range(warmup + repeats):
+                for timer in timers.values():
+                    timer.step(repeat, rollout_watch, record=repeat >= warmup)
+        finally:
+            rollout_watch.restore()
+        summaries = {key: timer.summary(batch_size) for key, timer in timers.items()}
+        for cuda_graphs in variants:
+            name = model_name if cuda_graphs else f"{model_name}, step-by-step decoding"
+            row = {"model": name, "images": batch_size, "precision": "bf16" if bf16 else "fp32"}
+            row.update({objective: summaries[objective, cuda_graphs or objective == "xe"] for objective in objectives})
+            rows.append(row)
+        del timers
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -415,33 +443,25 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = load_shapes(num_train=1024, num_validation=8, num_test=8, image_size=48, cache_dir=scratch / "datasets")
     show_tell = lambda: (ShowTellRL.from_pretrained(WARM_START), CaptionProcessor.from_pretrained(WARM_START))  # noqa: E731
+    # on a GPU, also with every decoding step by step: what the decoding graphs save
+    variants = (True, False) if device.type == "cuda" else (True,)
     budget = step_budget(
         "ShowTellRL (XE warm start)", show_tell, ("xe", "scst", "spider_pg"), sizes["show_tell"], device, False,
-        shapes, args.warmup, args.repeats, scratch,
+        shapes, args.warmup, args.repeats, scratch, variants,
     )  # fmt: skip
     report("budget", budget, budget_table(budget))
-    if device.type == "cuda":  # the same steps with every decoding step by step: what the decoding graphs save
-        use_cuda_graphs(False)
-        try:
-            budget += step_budget(
-                "ShowTellRL, step-by-step decoding", show_tell, ("xe", "scst", "spider_pg"), sizes["show_tell"],
-                device, False, shapes, args.warmup, args.repeats, scratch,
-            )  # fmt: skip
-        finally:
-            use_cuda_graphs(True)
-        report("budget", budget, budget_table(budget[-len(sizes["show_tell"]) :]))
     if not args.skip_blip:
         captions = [caption for row in shapes["train"]["captions"] for caption in row]
         image_size = 384 if sizes["blip_size"] == "base" else 16
         blip = lambda: make_blip(captions, sizes["blip_size"], image_size)  # noqa: E731
         budget += step_budget(
             f"BLIP-{sizes['blip_size']}-size (random weights)", blip, ("xe", "scst"), sizes["blip"], device, True,
-            shapes, args.warmup, args.repeats, scratch,
+            shapes, args.warmup, args.repeats, scratch, (True,),
         )  # fmt: skip
         report("budget", budget, budget_table(budget[-len(sizes["blip"]) :]))
     curve = step_budget(
         "ShowTellRL (XE warm start)", show_tell, ("scst",), sizes["curve"], device, False, shapes,
-        args.warmup, args.repeats, scratch,
+        args.warmup, args.repeats, scratch, (True,),
     )  # fmt: skip
     report("curve", curve, "ShowTellRL SCST throughput (5 samples per image):\n\n" + curve_table(curve))
     if args.profile:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -221,6 +221,13 @@ class Captioner:
     def _call_generate(self, image_inputs: dict[str, torch.Tensor], config: GenerationConfig) -> Any:
         return self.model.generate(**image_inputs, generation_config=config)
 
+    def generate_several(
+        self, image_inputs: Mapping[str, torch.Tensor], generation_configs: Sequence[GenerationConfig]
+    ) -> list[Any]:
+        """[`generate`] with each of `generation_configs` in turn, on the same images; a captioner that can encodes
+        the images once for all of them."""
+        return [self.generate(image_inputs, config) for config in generation_configs]
+
     # ---------------------------------------------------------------- scoring
     def caption_logits(
         self,
@@ -315,6 +322,15 @@ class ShowTellRLCaptioner(Captioner):
         if decodes_plainly(config) and not _is_fully_sharded(self.model):
             return decode_recurrent(self.recurrent_network, image_inputs, config)
         return super()._call_generate(image_inputs, config)
+
+    def generate_several(self, image_inputs, generation_configs):
+        # RL decodes the same images twice (samples, then the greedy baseline): the image encoding is shared
+        configs = [self.complete_generation_config(config) for config in generation_configs]
+        if not all(decodes_plainly(config) for config in configs) or _is_fully_sharded(self.model):
+            return super().generate_several(image_inputs, generation_configs)
+        network = self.recurrent_network
+        state = network.initial_state(**self._image_inputs(image_inputs))
+        return [decode_recurrent(network, {}, config, initial_state=state) for config in configs]
 
     def caption_logits(self, model, image_inputs, input_ids, attention_mask=None, image_index=None):
         image_inputs = self._image_inputs(image_inputs)

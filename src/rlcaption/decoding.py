@@ -17,7 +17,7 @@ whose forward cuDNN cannot differentiate.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +37,7 @@ __all__ = [
     "caption_token_mask",
     "evaluation_mode",
     "forward_through",
+    "generate_caption_sets",
     "generate_captions",
     "image_inputs_of",
     "repeat_image_inputs",
@@ -150,6 +151,27 @@ def generate_captions(
             output = captioner_for(model).generate(image_inputs, generation_config)
         else:
             output = model.generate(**image_inputs, **generation_kwargs)
+    return _decoded(output, processor)
+
+
+@torch.no_grad()
+def generate_caption_sets(
+    model: nn.Module,
+    processor: Any,
+    image_inputs: Mapping[str, torch.Tensor],
+    generation_configs: Sequence[GenerationConfig],
+) -> list[GeneratedCaptions]:
+    """
+    [`generate_captions`] with each of `generation_configs` in turn (the same captions, the same random draws in
+    the same order), encoding the images once for all of them where the captioner can (rlcaption's recurrent
+    captioners): what an RL step that samples and decodes a greedy baseline of the same images asks for.
+    """
+    with evaluation_mode(model):
+        outputs = captioner_for(model).generate_several(image_inputs, generation_configs)
+    return [_decoded(output, processor) for output in outputs]
+
+
+def _decoded(output: Any, processor: Any) -> GeneratedCaptions:
     sequences = output.sequences if hasattr(output, "sequences") else output
     texts = [text.strip() for text in processor.batch_decode(sequences, skip_special_tokens=True)]
     return GeneratedCaptions(sequences=sequences, texts=texts)

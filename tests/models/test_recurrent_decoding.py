@@ -10,7 +10,7 @@ from transformers import GenerationConfig
 from rlcaption import CaptionProcessor, PolicyValueCaptioner, ShowTellRL, SpeakerListener
 from rlcaption.captioners import Captioner, captioner_for
 from rlcaption.data import load_shapes
-from rlcaption.decoding import evaluation_mode
+from rlcaption.decoding import evaluation_mode, generate_caption_sets, generate_captions
 from rlcaption.models import recurrent_decoding
 from rlcaption.models.recurrent_decoding import decode_recurrent, decodes_plainly, draw_tokens
 from rlcaption.models.show_tell_rl import ShowTellRLConfig
@@ -168,3 +168,24 @@ def test_decoding_every_step_as_a_cuda_graph_does_gives_the_same_captions(model_
         recurrent_decoding._decode_steps(model, state, every_step, config, stops_early=False)
     assert torch.equal(recurrent_decoding._trim_after_last_end(every_step, config.eos_token_id), expected)
     assert recurrent_decoding._graph_key(model, state, config) is None  # on the CPU: never a graph
+
+
+@pytest.mark.parametrize("wrapper", ["show_tell", "policy_value"])
+def test_samples_and_greedy_captions_of_the_same_images_share_their_encoding(wrapper, warm_start_inputs, monkeypatch):
+    show_tell = ShowTellRL.from_pretrained(WARM_START)
+    model = show_tell if wrapper == "show_tell" else PolicyValueCaptioner.from_policy(show_tell, value_hidden_size=4)
+    processor = CaptionProcessor.from_pretrained(WARM_START)
+    image_inputs = {"pixel_values": warm_start_inputs["pixel_values"]}
+    configs = [SETTINGS["pure sampling"], SETTINGS["greedy"]]
+    torch.manual_seed(0)
+    expected = [generate_captions(model, processor, image_inputs, config) for config in configs]
+    encodings = []
+    encode = ShowTellRL.initial_state
+    monkeypatch.setattr(
+        ShowTellRL, "initial_state", lambda *args, **kwargs: encodings.append(1) or encode(*args, **kwargs)
+    )
+    torch.manual_seed(0)
+    together = generate_caption_sets(model, processor, image_inputs, configs)
+    assert len(encodings) == 1
+    for caption_set, reference in zip(together, expected, strict=True):
+        assert torch.equal(caption_set.sequences, reference.sequences) and caption_set.texts == reference.texts

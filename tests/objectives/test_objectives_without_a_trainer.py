@@ -66,6 +66,9 @@ class FakeTrainer:
     def greedy_captions(self, image_inputs):
         return self._decode(image_inputs, do_sample=False)
 
+    def sample_and_greedy_captions(self, image_inputs, num_return_sequences):
+        return self.sample_captions(image_inputs, num_return_sequences), self.greedy_captions(image_inputs)
+
     def beam_search_captions(self, image_inputs, num_beams):
         return self._decode(image_inputs, do_sample=False, num_beams=num_beams)
 

@@ -13,7 +13,6 @@ from rlcaption.decoding import (
     selective_log_softmax,
 )
 from rlcaption.objectives import policy_gradient_loss
-from rlcaption.objectives.policy_gradient import greedy_caption_rewards
 from rlcaption.objectives.scst import mean_token_entropy
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
@@ -165,7 +164,10 @@ def test_entropy_bonus_adds_minus_weight_times_the_policy_entropy_and_weight_zer
     samples = trainer_0.sample_captions(image_inputs, num_return_sequences=2)
     image_index = torch.arange(4).repeat_interleave(2)
     rewards = trainer_0.compute_rewards(samples.texts, batch, row_index=image_index.tolist())
-    advantages = torch.as_tensor(rewards - greedy_caption_rewards(trainer_0, batch).repeat(2), dtype=torch.float32)
+    # the baseline decoded on its own, not with the samples as the objective decodes it: the same captions
+    greedy = trainer_0.greedy_captions(image_inputs)
+    greedy_rewards = trainer_0.compute_rewards(greedy.texts, batch, row_index=list(range(4)), log_prefix="greedy")
+    advantages = torch.as_tensor(rewards - greedy_rewards.repeat(2), dtype=torch.float32)
     mask = caption_token_mask(samples.sequences, trainer_0.eos_token_id)
     log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=image_index)
     plain_loss = policy_gradient_loss(log_probs, mask, advantages, "token")

@@ -219,6 +219,7 @@ def decode_recurrent(
     image_inputs: Mapping[str, torch.Tensor],
     config: GenerationConfig,
     cuda_graphs: bool | None = None,
+    initial_state: Any = None,
 ) -> torch.LongTensor:
     """
     Decodes `config.num_return_sequences` captions per image with a recurrent captioner (a [`ShowTellRL`]: anything
@@ -227,7 +228,8 @@ def decode_recurrent(
 
     On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding after the image
     encoding is one CUDA graph, captured at the first call for each batch shape (a few are kept per model); it draws
-    the same captions as step-by-step decoding.
+    the same captions as step-by-step decoding. `initial_state`, the model's `initial_state(**image_inputs)` when
+    computed already, saves encoding the same images again for another decoding of them.
 
     Returns:
         `torch.LongTensor` of shape `(num_images * num_return_sequences, length)`: the start token, then the caption,
@@ -235,7 +237,7 @@ def decode_recurrent(
     """
     if not decodes_plainly(config):
         raise ValueError(f"decode_recurrent decodes greedily or samples, with nothing else set; got {config}.")
-    state = model.initial_state(**image_inputs)
+    state = model.initial_state(**image_inputs) if initial_state is None else initial_state
     captions_per_image = config.num_return_sequences or 1
     if captions_per_image > 1:
         state = state.repeat_interleave(captions_per_image)

@@ -105,6 +105,11 @@ class TrainerInterface(Protocol):
     def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
         """One greedy caption per image."""
 
+    def sample_and_greedy_captions(
+        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
+    ) -> tuple[GeneratedCaptions, GeneratedCaptions]:
+        """`sample_captions` and `greedy_captions` of the same images, each image encoded once where possible."""
+
     def beam_search_captions(self, image_inputs: Mapping[str, torch.Tensor], num_beams: int) -> GeneratedCaptions:
         """The best beam-search caption per image."""
 

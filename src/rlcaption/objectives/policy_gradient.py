@@ -13,7 +13,7 @@ import torch
 from ..decoding import GeneratedCaptions, image_inputs_of
 from .base import TrainerInterface
 
-__all__ = ["greedy_caption_rewards", "policy_gradient_loss", "sample_and_reward"]
+__all__ = ["policy_gradient_loss", "sample_and_reward", "sample_and_reward_with_greedy"]
 
 
 def policy_gradient_loss(
@@ -51,21 +51,32 @@ def sample_and_reward(
         caption's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`) and their rewards (`np.ndarray`
         of the same shape).
     """
-    batch_size = len(inputs["references"])
     samples = trainer.sample_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
-    sample_index = torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)
-    rewards = trainer.compute_rewards(samples.texts, inputs, row_index=sample_index.tolist())
-    return samples, sample_index, rewards
+    return (samples, *_reward_samples(trainer, inputs, samples, num_samples))
 
 
-def greedy_caption_rewards(trainer: TrainerInterface, inputs: dict[str, Any]) -> np.ndarray:
+def sample_and_reward_with_greedy(
+    trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int
+) -> tuple[GeneratedCaptions, torch.LongTensor, np.ndarray, np.ndarray]:
     """
-    The self-critical baseline: the reward of every image's greedy caption, logged under `greedy`.
+    [`sample_and_reward`], and the self-critical baseline: the reward of every image's greedy caption, logged under
+    `greedy`. The images are encoded once for both decodings where the captioner can.
 
     Returns:
-        `np.ndarray` of shape `(batch_size,)`.
+        `tuple`: what [`sample_and_reward`] returns, then the greedy captions' rewards (`np.ndarray` of shape
+        `(batch_size,)`).
     """
-    greedy = trainer.greedy_captions(image_inputs_of(inputs))
-    return trainer.compute_rewards(
+    samples, greedy = trainer.sample_and_greedy_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
+    sample_index, rewards = _reward_samples(trainer, inputs, samples, num_samples)
+    greedy_rewards = trainer.compute_rewards(
         greedy.texts, inputs, row_index=list(range(len(inputs["references"]))), log_prefix="greedy"
     )
+    return samples, sample_index, rewards, greedy_rewards
+
+
+def _reward_samples(
+    trainer: TrainerInterface, inputs: dict[str, Any], samples: GeneratedCaptions, num_samples: int
+) -> tuple[torch.LongTensor, np.ndarray]:
+    batch_size = len(inputs["references"])
+    sample_index = torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)
+    return sample_index, trainer.compute_rewards(samples.texts, inputs, row_index=sample_index.tolist())

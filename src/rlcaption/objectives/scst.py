@@ -21,7 +21,7 @@ from ..decoding import (
 )
 from ..rl_config import RLCaptionConfig
 from .base import CaptionObjective, register_objective
-from .policy_gradient import greedy_caption_rewards, policy_gradient_loss, sample_and_reward
+from .policy_gradient import policy_gradient_loss, sample_and_reward, sample_and_reward_with_greedy
 
 __all__ = ["SCSTConfig", "SCSTObjective", "mean_token_entropy"]
 
@@ -90,12 +90,17 @@ class SCSTObjective(CaptionObjective):
         num_samples = args.num_samples_per_image
         batch_size = len(inputs["references"])
 
-        # 1. sample k captions per image from the current policy
-        samples, sample_index, rewards = sample_and_reward(trainer, inputs, num_samples)  # rewards: (B*k,)
+        # 1. sample k captions per image from the current policy (and decode the greedy baseline of the same images)
+        if args.baseline == "greedy":
+            samples, sample_index, rewards, greedy_rewards = sample_and_reward_with_greedy(
+                trainer, inputs, num_samples
+            )
+        else:
+            samples, sample_index, rewards = sample_and_reward(trainer, inputs, num_samples)  # rewards: (B*k,)
 
         # 2. baseline, independent of the sample it is subtracted from
         if args.baseline == "greedy":
-            baselines = np.repeat(greedy_caption_rewards(trainer, inputs), num_samples)
+            baselines = np.repeat(greedy_rewards, num_samples)
         elif args.baseline == "mean_of_others":
             per_image = rewards.reshape(batch_size, num_samples)
             baselines = ((per_image.sum(axis=1, keepdims=True) - per_image) / (num_samples - 1)).reshape(-1)

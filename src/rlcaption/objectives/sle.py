@@ -17,7 +17,7 @@ from torch import nn
 from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
 from ..metrics.diversity import PAIRWISE_DISTANCES, pairwise_caption_distances
 from .base import CaptionObjective, register_objective
-from .policy_gradient import greedy_caption_rewards, policy_gradient_loss, sample_and_reward
+from .policy_gradient import policy_gradient_loss, sample_and_reward_with_greedy
 from .scst import SCSTConfig
 
 __all__ = ["SLEConfig", "SLEObjective", "sequence_level_exploration_advantages", "sequence_level_exploration_loss"]
@@ -171,8 +171,8 @@ class SLEObjective(CaptionObjective):
         batch_size = len(inputs["references"])
 
         # 1. s captions per image from the current policy, with their precision rewards and the greedy baseline
-        samples, sample_index, rewards = sample_and_reward(trainer, inputs, num_samples)  # rewards: (B*s,)
-        greedy_rewards = greedy_caption_rewards(trainer, inputs)  # (B,)
+        # rewards: (B*s,), greedy_rewards: (B,)
+        samples, sample_index, rewards, greedy_rewards = sample_and_reward_with_greedy(trainer, inputs, num_samples)
 
         # 2. distances between the samples of each image, on the tokens the rewards see
         distances = np.stack(

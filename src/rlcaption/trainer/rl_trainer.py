@@ -21,7 +21,7 @@ from transformers.utils import logging
 from .. import objectives as _objectives  # noqa: F401  (registers the built-in objectives)
 from ..captioners import captioner_for
 from ..data.collator import CaptionCollator
-from ..decoding import GeneratedCaptions, generate_captions
+from ..decoding import GeneratedCaptions, generate_caption_sets, generate_captions
 from ..hub import HUB_CONNECTION_ERRORS
 from ..objectives.base import AuxiliaryNetwork, get_objective_class
 from ..rewards import RewardMix, get_reward, is_group_reward, reward_parameters
@@ -411,7 +411,28 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         repetition penalty, n-gram blocking, length limits, forced or banned tokens, ...) is ignored except for its
         special token ids, so that RL samples from the policy it scores.
         """
-        sampling = GenerationConfig(
+        sampling = self._sampling_config(num_return_sequences)
+        return generate_captions(self._generation_model(), self.processing_class, image_inputs, sampling)
+
+    def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
+        """
+        The greedy caption of every image (the self-critical baseline), of at most `args.max_caption_length` tokens;
+        the model's own generation settings are ignored, as in [`sample_captions`].
+        """
+        greedy = self._greedy_config()
+        return generate_captions(self._generation_model(), self.processing_class, image_inputs, greedy)
+
+    def sample_and_greedy_captions(
+        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
+    ) -> tuple[GeneratedCaptions, GeneratedCaptions]:
+        """[`sample_captions`] then [`greedy_captions`] of the same images, the same captions and random draws, with
+        each image encoded once for both where the captioner can."""
+        configs = [self._sampling_config(num_return_sequences), self._greedy_config()]
+        samples, greedy = generate_caption_sets(self._generation_model(), self.processing_class, image_inputs, configs)
+        return samples, greedy
+
+    def _sampling_config(self, num_return_sequences: int) -> GenerationConfig:
+        return GenerationConfig(
             do_sample=True,
             num_beams=1,
             temperature=self.args.temperature,
@@ -420,15 +441,9 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             num_return_sequences=num_return_sequences,
             max_new_tokens=self.args.max_caption_length,
         )
-        return generate_captions(self._generation_model(), self.processing_class, image_inputs, sampling)
 
-    def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
-        """
-        The greedy caption of every image (the self-critical baseline), of at most `args.max_caption_length` tokens;
-        the model's own generation settings are ignored, as in [`sample_captions`].
-        """
-        greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=self.args.max_caption_length)
-        return generate_captions(self._generation_model(), self.processing_class, image_inputs, greedy)
+    def _greedy_config(self) -> GenerationConfig:
+        return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=self.args.max_caption_length)
 
     def beam_search_captions(self, image_inputs: Mapping[str, torch.Tensor], num_beams: int) -> GeneratedCaptions:
         """

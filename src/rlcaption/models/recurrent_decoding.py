@@ -207,10 +207,9 @@ _CUDA_GRAPHS = {"enabled": True}
 
 def use_cuda_graphs(enabled: bool) -> None:
     """Whether [`decode_recurrent`] captures its decodings on CUDA devices as CUDA graphs (the default), e.g. to
-    compare with step-by-step decoding or to save the graphs' memory."""
+    compare with step-by-step decoding. Graphs captured already are kept for when they are used again; they are freed
+    with their model."""
     _CUDA_GRAPHS["enabled"] = enabled
-    if not enabled:
-        _DECODING_GRAPHS.clear()
 
 
 @torch.no_grad()

@@ -3,6 +3,7 @@ count varies and on a pretrained vision model, and the RL recipes train it for 2
 sizes, in process)."""
 
 import json
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -11,12 +12,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import ViTConfig, ViTImageProcessor, ViTModel
 
-from rlcaption import recipes
+from rlcaption import ShowTellRL, recipes, rewards
 from rlcaption.data import load_shapes
-from rlcaption.recipes import parse_recipe_arguments
+from rlcaption.data.images import decode_image
+from rlcaption.objectives.base import get_objective_class
+from rlcaption.recipes import RecipeArguments, parse_recipe_arguments
 from test_recipes import load_recipe
 
 FEATURE_SIZE = 6
+REWARD_CLIP = Path(__file__).resolve().parent.parent / "checkpoints" / "shapes-clip-reward"
 # a short run of any recipe: 2 optimizer steps of 4 images, no checkpoint, no evaluation during training
 TWO_STEPS = [
     "--use_cpu", "--per_device_train_batch_size", "4", "--max_steps", "2", "--save_strategy", "no",
@@ -132,6 +136,45 @@ def test_wtf_on_features_reads_the_images_kept_beside_them(regions_warm_start, r
     ])  # fmt: skip
     scores = json.loads((tmp_path / "wtf" / "eval_results.json").read_text())["test"]
     assert "reward_clip_t2i_R@1" in scores
+
+
+@pytest.mark.parametrize(
+    ("arguments", "kept"),
+    [
+        (["--objective", "wtf", "--reward_clip", str(REWARD_CLIP)], True),
+        (["--objective", "scst", "--reward_funcs", "clip_score"], True),
+        (["--objective", "scst", "--reward_funcs", "cider"], False),
+        (["--objective", "scst", "--reward_funcs", "cider", "pixel_count"], True),  # a reward of the user's
+    ],
+)
+def test_beside_features_the_training_images_stay_undecoded_until_a_reward_asks(
+    arguments, kept, regions_warm_start, region_features, tmp_path, monkeypatch
+):
+    monkeypatch.setitem(
+        rewards.registry._REWARD_FACTORIES, "pixel_count", type("PixelCount", (), {"reads_images": True})
+    )
+    training_args = parse_recipe_arguments(
+        RecipeArguments,
+        argv=["--output_dir", str(tmp_path), "--image_features", str(region_features), *arguments],
+        config_class=get_objective_class(arguments[1]).config_class,
+    )[1]
+    model = ShowTellRL.from_pretrained(regions_warm_start[0])
+    dataset = recipes.fit_image_columns_to_run(
+        model, datasets.load_from_disk(region_features / "dataset"), training_args
+    )
+    if not kept:  # nothing reads the images: they are not loaded at all
+        assert all("image" not in split.column_names for split in dataset.values())
+        return
+    assert dataset["train"].features["image"].decode is False
+    undecoded = dataset["train"][0]["image"]
+    assert set(undecoded) == {"bytes", "path"}
+    assert np.array_equal(np.asarray(decode_image(undecoded)), np.asarray(load_shapes_row_image(region_features)))
+    # the splits scored once after training are decoded as they are read
+    assert dataset["test"].features["image"].decode is True
+
+
+def load_shapes_row_image(features_folder):
+    return datasets.load_from_disk(features_folder / "dataset")["train"][0]["image"]
 
 
 @pytest.mark.parametrize("recipe", ["train_wtf", "train_scst"])

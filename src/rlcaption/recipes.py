@@ -28,6 +28,7 @@ from .data import check_dataset_images, load_caption_dataset
 from .hub import check_pretrained_reference, publish_folder, render_model_card
 from .models import ShowTellRL, ShowTellRLConfig
 from .processing import CaptionProcessor
+from .rewards import reward_reads_images
 from .scene_pretraining import pretrain_image_encoder_on_scenes
 from .trainer import RLCaptionConfig, RLCaptionTrainer
 from .trainer.rl_trainer import last_complete_checkpoint
@@ -64,8 +65,6 @@ _TRUE_WORDS = ("true", "yes", "1", "last", "auto")
 # then start 32 of them, which such a node's cores afford.
 _MAX_DATALOADER_WORKERS = 4
 _FALSE_WORDS = ("false", "no", "0", "none")
-# Rewards that score a caption against its image with a CLIP, which reads pixels only.
-_CLIP_REWARDS = ("clip_score", "clip_contrastive")
 
 
 @dataclass
@@ -345,13 +344,13 @@ def dataset_name(script_args: RecipeArguments) -> str:
 
 
 def run_reads_images(training_args: RLCaptionConfig) -> bool:
-    """Whether the run reads pixels besides what its captioner reads: a CLIP reward (WTF-RL's reward CLIP,
-    `clip_score`, `clip_contrastive`) or the evaluator CLIP of `eval_clip`."""
-    named_rewards = [name for name in training_args.reward_funcs or [] if isinstance(name, str)]
+    """Whether the run reads pixels besides what its captioner reads: WTF-RL's reward CLIP, a reward that reads images
+    ([`rlcaption.rewards.reward_reads_images`]: `clip_score`, `clip_contrastive`, or one of yours that says so) or the
+    evaluator CLIP of `eval_clip`."""
     return (
         training_args.objective == "wtf"
         or training_args.eval_clip is not None
-        or any(name in _CLIP_REWARDS for name in named_rewards)
+        or any(reward_reads_images(reward) for reward in training_args.reward_funcs or [])
     )
 
 
@@ -359,7 +358,9 @@ def fit_image_columns_to_run(model, dataset, training_args: RLCaptionConfig):
     """
     The dataset with the image columns the run reads. A captioner of precomputed features needs `image_features`, a
     captioner of pixels an `image` or `pixel_values` column. Beside features, an `image` column is kept for a run whose
-    CLIP reads pixels ([`run_reads_images`]) and dropped otherwise, so that no image file is decoded at every step.
+    CLIP reads pixels ([`run_reads_images`]) and dropped otherwise, so that no image file is decoded at every step;
+    where it is kept, the training images stay undecoded until a reward asks for one (the CLIP rewards embed each
+    training image once and keep its embedding), and evaluation splits are decoded as they are read.
 
     Raises:
         `ValueError`: the captioner's input, or the images a CLIP reads, are not in the dataset; the message says how
@@ -395,7 +396,9 @@ def fit_image_columns_to_run(model, dataset, training_args: RLCaptionConfig):
                 "features keep it with `add_region_features(load_karpathy(json_path, images_root), regions, "
                 "keep_images=True)`."
             )
-        return dataset
+        return datasets.DatasetDict(
+            {**dataset, "train": dataset["train"].cast_column("image", datasets.Image(decode=False))}
+        )
     return datasets.DatasetDict(
         {name: split.remove_columns([column for column in ("image",) if column in split.column_names])
          for name, split in dataset.items()}

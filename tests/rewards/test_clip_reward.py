@@ -1,11 +1,12 @@
 """The clip_score reward: equal to CLIP-S per caption, images from the trainer's columns, embedding cache."""
 
+import datasets
 import numpy as np
 import pytest
 import torch
 
 from rlcaption.metrics import clip_score
-from rlcaption.rewards import ClipScoreReward, RewardMix, get_reward
+from rlcaption.rewards import ClipScoreReward, RewardMix, get_reward, reward_reads_images
 from rlcaption.rewards.clip_rewards import pixel_values_to_images
 from tiny_clips import (
     CAPTIONS,
@@ -77,6 +78,17 @@ def test_an_image_column_works_as_trl_passes_it(clip):
     images = random_images(2)
     values = ClipScoreReward(clip)(completions=CAPTIONS[:2], references=[CAPTIONS] * 2, image=images)
     np.testing.assert_allclose(values, clip_score(images, CAPTIONS[:2], model=clip)[1], atol=1e-6)
+
+
+def test_an_undecoded_image_column_is_decoded_for_the_images_not_yet_embedded(clip):
+    """Beside precomputed features, recipes keep the training images undecoded (`{"bytes", "path"}`)."""
+    images = random_images(2)
+    undecoded = [datasets.Image().encode_example(image) for image in images]
+    reward = ClipScoreReward(clip)
+    values = reward(completions=CAPTIONS[:2], references=[CAPTIONS] * 2, image=undecoded, image_id=[0, 1])
+    np.testing.assert_allclose(values, clip_score(images, CAPTIONS[:2], model=clip)[1], atol=1e-6)
+    assert reward_reads_images("clip_score") and reward_reads_images("clip_contrastive")
+    assert not reward_reads_images("cider") and not reward_reads_images(lambda **columns: [0.0])
 
 
 def test_each_image_is_embedded_once_per_call_and_cached_by_image_id():

@@ -38,13 +38,16 @@ import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import datasets
 import numpy as np
 from PIL import Image
 
 __all__ = [
     "check_image_files",
     "convert_to_rgb",
+    "decode_image",
     "find_undecodable_images",
     "open_image",
 ]
@@ -56,6 +59,15 @@ WHITE = (255, 255, 255)
 _SIXTEEN_BIT_SCALE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 _ALPHA_BANDS = frozenset({"A", "a"})
 _MAX_LISTED_PATHS = 5
+
+
+def decode_image(value: Any) -> Any:
+    """A value of an `image` column as an image: decoded already (a PIL image), or decoded now where the column is
+    read undecoded (`datasets.Image(decode=False)`, whose values are `{"bytes", "path"}`), so that only the images
+    someone looks at are decoded."""
+    if isinstance(value, dict):
+        return datasets.Image().decode_example(value)
+    return value
 
 
 def _describe(image: Image.Image) -> str:

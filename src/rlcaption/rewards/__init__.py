@@ -38,7 +38,7 @@ from .metric_rewards import (
     SpiderReward,
 )
 from .mix import RewardMix
-from .registry import available_rewards, get_reward, register_reward, reward_parameters
+from .registry import available_rewards, get_reward, register_reward, reward_parameters, reward_reads_images
 
 __all__ = [
     "RewardFunc",
@@ -52,6 +52,7 @@ __all__ = [
     "row_keys",
     "register_reward",
     "reward_parameters",
+    "reward_reads_images",
     "get_reward",
     "available_rewards",
     "RewardMix",

@@ -46,6 +46,10 @@ class RewardFunc(Protocol):
 
     Returns:
         `list[float]` of length `batch_size`: one finite reward per completion.
+
+    A reward that reads the images' pixels (the `image` or `pixel_values` column, as a CLIP does) says so with an
+    attribute `reads_images = True`: a run on precomputed features then keeps the images for it. Values of the `image`
+    column may come undecoded (`{"bytes", "path"}`); `rlcaption.data.images.decode_image` decodes them.
     """
 
     def __call__(self, *, completions: list[str], references: list[list[str]], **columns: Any) -> list[float]: ...

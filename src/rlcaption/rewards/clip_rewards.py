@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data.images import decode_image
 from ..metrics.clip import CLIP_S_WEIGHT, clip_s, embed_images, embed_texts, load_clip
 from .base import completion_texts, group_sizes, row_keys
 from .registry import register_reward
@@ -82,6 +83,8 @@ class ClipScoreReward:
         >>> reward(completions=["a red circle"], references=[[...]], pixel_values=pixel_values, image_id=[7])
         ```
     """
+
+    reads_images = True  # the CLIP reads each caption's image (see `reward_reads_images`)
 
     def __init__(
         self,
@@ -209,7 +212,7 @@ class ClipScoreReward:
             images = list(columns["image"])
             if len(images) != num_rows:
                 raise ValueError(f"image holds {len(images)} images for {num_rows} {unit}s; pass one per {unit}.")
-            return [images[row] for row in rows]
+            return [decode_image(images[row]) for row in rows]
         raise ValueError(
             "The clip_score reward needs each completion's image: a `pixel_values` tensor (N, 3, H, W), as "
             "RLCaptionTrainer passes it, or an `image` column of PIL images; got columns "

@@ -33,6 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..data.images import decode_image
 from ..metrics.clip import embed_images, embed_texts, load_clip
 from .base import completion_texts, group_sizes, row_keys
 from .clip_rewards import pixel_values_to_images
@@ -249,6 +250,8 @@ class ContrastiveReward:
         ```
     """
 
+    reads_images = True  # the CLIP reads each caption's image (see `reward_reads_images`)
+
     def __init__(
         self,
         model: Any = None,
@@ -357,6 +360,8 @@ class ContrastiveReward:
             rows = images[start : start + _MINING_CHUNK][column]
             if column == "pixel_values":
                 rows = pixel_values_to_images(torch.as_tensor(rows), self.pixel_mean, self.pixel_std)
+            else:
+                rows = [decode_image(image) for image in rows]
             chunks.append(embed_images(self.model, self.processor, rows, batch_size=self.batch_size))
         return torch.cat(chunks)
 
@@ -420,7 +425,7 @@ class ContrastiveReward:
             images = list(columns["image"])
             if len(images) != num_images:
                 raise ValueError(f"image holds {len(images)} images for {num_images} groups.")
-            return [images[row] for row in rows]
+            return [decode_image(images[row]) for row in rows]
         raise ValueError(
             "The clip_contrastive reward needs the images it has not mined: a `pixel_values` tensor (N, 3, H, W) or "
             f"an `image` column, one row per image; got columns {sorted(columns)}."

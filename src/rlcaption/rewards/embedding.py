@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.collator import pad_regions
+from ..data.images import decode_image
 from ..metrics.clip import embed_images, embed_texts, load_clip
 from .base import completion_texts, group_sizes
 from .clip_rewards import pixel_values_to_images
@@ -279,7 +280,7 @@ class EmbeddingReward:
         if columns.get("pixel_values") is not None:
             images = pixel_values_to_images(columns["pixel_values"], self.pixel_mean, self.pixel_std)
         elif columns.get("image") is not None:
-            images = list(columns["image"])
+            images = [decode_image(image) for image in columns["image"]]
         else:
             raise ValueError(
                 "The embedding reward needs each completion's image: a `pixel_values` tensor (N, 3, H, W), as "

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from .base import RewardFunc
 
-__all__ = ["register_reward", "get_reward", "available_rewards", "reward_parameters"]
+__all__ = ["register_reward", "get_reward", "available_rewards", "reward_parameters", "reward_reads_images"]
 
 RewardFactory = TypeVar("RewardFactory", bound=Callable[..., RewardFunc])
 
@@ -50,6 +50,14 @@ def available_rewards() -> list[str]:
 def reward_parameters(name: str) -> set[str]:
     """The keyword arguments the reward registered under `name` is built with (e.g. `document_frequencies`)."""
     return set(inspect.signature(_factory(name)).parameters)
+
+
+def reward_reads_images(reward: str | Callable[..., object]) -> bool:
+    """Whether a reward (a registered name, or a reward function) scores captions against their images' pixels, as a
+    CLIP does: its class or function says so with `reads_images = True`. A run on precomputed features then keeps
+    the images beside them for it."""
+    func = _factory(reward) if isinstance(reward, str) else reward
+    return bool(getattr(func, "reads_images", False))
 
 
 def get_reward(name: str, **kwargs) -> RewardFunc:

@@ -95,6 +95,28 @@ def _is_fully_sharded(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
+# The methods of rlcaption's recurrent captioners that objectives call besides `forward` and `generate`: Monte-Carlo
+# rollouts and word passing step the LSTM from prefix states.
+RECURRENT_METHODS = ("initial_state", "step", "prefix_states")
+
+
+def gather_parameters_in_methods(module: nn.Module, method_names: Sequence[str] = RECURRENT_METHODS) -> None:
+    """
+    Lets `module`, when FSDP2 shards it, gather its parameters in `method_names` as in its `forward`: FSDP2 gathers
+    them only in the methods registered for it, and a method called otherwise would compute on shards. Does nothing
+    for a module that is not sharded, or for methods registered already or that it lacks.
+    """
+    if not _is_fully_sharded(module):
+        return
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    registered = module.__dict__.setdefault("_methods_gathering_parameters", set())
+    for name in method_names:
+        if name not in registered and callable(getattr(module, name, None)):
+            register_fsdp_forward_method(module, name)
+            registered.add(name)
+
+
 def forward_through(wrapped: nn.Module, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """
     Calls `method` of the network inside `wrapped` (a DDP or accelerate wrapper) through the wrapper's `forward`: a

@@ -105,15 +105,21 @@ class LossInputs:
 
 
 def record_samples(trainer):
+    """The sampled sequences of every sampling call (with its greedy baseline or without)."""
     recorded = []
-    sample_captions = trainer.sample_captions
+    sample_captions, sample_and_greedy_captions = trainer.sample_captions, trainer.sample_and_greedy_captions
 
     def recording(*args, **kwargs):
         samples = sample_captions(*args, **kwargs)
         recorded.append(samples.sequences)
         return samples
 
-    trainer.sample_captions = recording
+    def recording_with_greedy(*args, **kwargs):
+        samples, greedy = sample_and_greedy_captions(*args, **kwargs)
+        recorded.append(samples.sequences)
+        return samples, greedy
+
+    trainer.sample_captions, trainer.sample_and_greedy_captions = recording, recording_with_greedy
     return recorded
 
 

@@ -68,11 +68,48 @@ def test_a_fully_sharded_scst_run_killed_after_a_checkpoint_resumes_as_if_never_
     assert actual[0]["losses"] == expected[0]["losses"]
 
 
-@pytest.mark.slow  # the refusal itself is tested without launching in test_rl_trainer.py
-def test_an_objective_with_an_auxiliary_network_is_refused_under_fsdp_on_two_processes(tmp_path):
-    result = launch_fsdp(tmp_path / "out", tmp_path / "cache", "test_critic")
+# each trains its auxiliary network alone for a step or two, then with the captioner: test_critic's critic, spider_pg's
+# baseline, actor_critic's value network (taken out of a PolicyValueCaptioner), wtf's discriminator
+@pytest.mark.parametrize(
+    ("objective", "network"),
+    [
+        ("test_critic", "critic"),
+        pytest.param("spider_pg", "baseline", marks=pytest.mark.slow),
+        pytest.param("actor_critic", "value", marks=pytest.mark.slow),
+        pytest.param("wtf", "discriminator", marks=pytest.mark.slow),
+    ],
+)
+def test_an_objective_with_an_auxiliary_network_trains_it_beside_the_sharded_captioner(tmp_path, objective, network):
+    result = launch_fsdp(tmp_path / "out", tmp_path / "cache", objective)
+    assert result.returncode == 0, result.stderr[-4000:]
+    reports = reports_of(tmp_path / "out")
+    assert_trained_fully_sharded(reports)
+    auxiliary = [report["auxiliary"][network] for report in reports]
+    assert all(weights["changed"] for weights in auxiliary)
+    # whole on each process, and equal: its gradients were averaged over both before each step
+    assert auxiliary[0]["weights"] == auxiliary[1]["weights"]
+    assert set(reports[0]["auxiliary_optimizer_steps"]) == {STEPS}
+
+
+@pytest.mark.slow
+def test_psst_is_refused_under_fsdp_naming_the_reason(tmp_path):
+    result = launch_fsdp(tmp_path / "out", tmp_path / "cache", "psst")
     assert result.returncode != 0
-    assert "The 'test_critic' objective trains the auxiliary networks ['critic']" in result.stderr, result.stderr[
-        -4000:
-    ]
-    assert "Train this objective with DDP" in result.stderr
+    assert "The 'psst' objective cannot train a captioner sharded by FSDP" in result.stderr, result.stderr[-4000:]
+    assert "word-embedding matrix" in result.stderr and "Train it with DDP" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_fully_sharded_run_with_an_auxiliary_network_resumes_as_if_never_stopped(tmp_path):
+    cache = tmp_path / "cache"
+    straight = launch_fsdp(tmp_path / "straight", cache, "test_critic")
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    killed = launch_fsdp(tmp_path / "killed", cache, "test_critic", "2")
+    assert killed.returncode != 0
+    resumed = launch_fsdp(tmp_path / "killed", cache, "test_critic")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    expected, actual = reports_of(tmp_path / "straight"), reports_of(tmp_path / "killed")
+    assert all(report["resumed"] for report in actual)
+    assert actual[0]["captioner"] == expected[0]["captioner"]
+    assert actual[0]["auxiliary"]["critic"]["weights"] == expected[0]["auxiliary"]["critic"]["weights"]
+    assert actual[0]["losses"] == expected[0]["losses"]

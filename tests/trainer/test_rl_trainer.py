@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from rlcaption.data import CaptionCollator
 from rlcaption.rewards import get_reward
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, forward_through
-from rlcaption.trainer.rl_trainer import check_data_parallel, check_fsdp_objective
+from rlcaption.trainer.rl_trainer import check_data_parallel
 from tiny_captioners import make_vision_encoder_decoder
 
 
@@ -430,14 +430,6 @@ def test_fsdp_asked_of_cpu_processes_is_refused_instead_of_replicating(monkeypat
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(ValueError, match=r"--use_fsdp.*does not shard CPU processes"):
         check_data_parallel(SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None))
-
-
-def test_objectives_with_auxiliary_networks_are_refused_under_fsdp_naming_them():
-    fsdp = SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=2))
-    with pytest.raises(ValueError, match=r"'actor_critic' objective trains the auxiliary networks \['value'\].*DDP"):
-        check_fsdp_objective(fsdp, "actor_critic", ["value"])
-    check_fsdp_objective(fsdp, "scst", [])
-    check_fsdp_objective(SimpleNamespace(fsdp_plugin=None), "actor_critic", ["value"])
 
 
 def test_rouge_l_is_one_name_for_the_reward_and_the_metric(tiny_model, tiny_processor, tiny_shapes, tmp_path):

@@ -17,30 +17,59 @@ from fsdp_on_cpu import shard_cpu_processes_with_fsdp
 from kill_at_step import KillAtStep
 from torch.distributed.tensor import DTensor
 
-from rlcaption.models import ShowTellRL
+from rlcaption.models import PolicyValueCaptioner, SpeakerListener
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, last_complete_checkpoint
 
 MAX_STEPS = 3
+# a pretraining step of each objective's auxiliary network, then the joint steps
+OBJECTIVE_FIELDS = {
+    "spider_pg": {"num_rollouts": 2, "baseline_pretraining_steps": 1},
+    "actor_critic": {"value_pretraining_steps": 1},
+    "psst": {"listener_pretraining_steps": 1},
+    "wtf": {
+        "discriminator_pretraining_steps": 1,
+        "wtf_num_beams": 2,
+        "reward_clip": str(Path(__file__).parents[2] / "checkpoints" / "shapes-clip-reward"),
+    },
+}
 
 
 def flat(tensors) -> list[float]:
     return [float(value) for tensor in tensors for value in tensor.detach().double().flatten()]
 
 
+def model_class_networks(trainer):
+    """The networks an objective took out of its model, by the name the model gives them."""
+    model = trainer.unwrap_model(trainer.model)
+    if not getattr(model, "network_is_detached", False):
+        return []
+    return [(model.detachable_network_name, getattr(model, model.detachable_network_name))]
+
+
 def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int) -> None:
     shard_cpu_processes_with_fsdp()
     shapes, processor = two_process_shapes(cache_dir)
     model = make_tiny_model(processor, seed=0)
+    if objective == "actor_critic":
+        model = PolicyValueCaptioner.from_policy(
+            model, value_word_embedding_size=4, value_hidden_size=4, value_mlp_hidden_size=4
+        )
+    elif objective == "psst":
+        model = SpeakerListener.from_speaker(model, listener_hidden_size=4, joint_embedding_size=4)
     initial = flat(model.parameters())
     args = RLCaptionConfig(
         output_dir=output_dir, use_cpu=True, objective=objective, per_device_train_batch_size=2,
         max_steps=MAX_STEPS, learning_rate=1e-2, save_strategy="steps", save_steps=1, logging_steps=1,
         disable_tqdm=True, max_caption_length=8, num_samples_per_image=2, seed=0,
-        **({"reward_funcs": ["cider"]} if objective == "scst" else {}),
+        **({"reward_funcs": ["cider"]} if objective in ("scst", "spider_pg", "actor_critic", "psst") else {}),
+        **OBJECTIVE_FIELDS.get(objective, {}),
     )  # fmt: skip
     trainer = RLCaptionTrainer(
         model=model, args=args, processing_class=processor, train_dataset=shapes["train"]
     )  # fmt: skip
+    initial_auxiliary = {
+        name: flat(network.module.parameters()) for name, network in trainer._auxiliary_networks.items()
+    }
     if kill_at_step:
         trainer.add_callback(KillAtStep(kill_at_step))
     resume = last_complete_checkpoint(output_dir) is not None
@@ -49,7 +78,14 @@ def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int) -> 
     parameters = list(trainer.model.parameters())
     # gathered on every process from the shards: equal on both processes if the steps kept the shards consistent
     full = [parameter.full_tensor() for parameter in parameters]
-    saved = ShowTellRL.from_pretrained(os.path.join(output_dir, f"checkpoint-{MAX_STEPS}"))
+    saved = type(model).from_pretrained(os.path.join(output_dir, f"checkpoint-{MAX_STEPS}")).state_dict()
+    trained = {name: parameter.full_tensor() for name, parameter in trainer.model.named_parameters()}
+    # a network the objective took out of the model (value network, listener) is saved in it, trained
+    trained.update({
+        f"{network_name}.{name}": parameter
+        for network_name, network in (model_class_networks(trainer))
+        for name, parameter in network.named_parameters()
+    })  # fmt: skip
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     report = {
         "world_size": trainer.accelerator.num_processes,
@@ -62,8 +98,22 @@ def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int) -> 
         "changed": flat(full) != initial,
         "losses": losses,
         "losses_finite": all(math.isfinite(loss) for loss in losses),
-        "saved_model_is_the_trained_one": flat(saved.parameters()) == flat(full),
+        "saved_model_is_the_trained_one": all(
+            flat([saved[name]]) == flat([tensor]) for name, tensor in trained.items()
+        ),
         "final_step": trainer.state.global_step,
+        # an objective's auxiliary networks stay whole on every process, trained by their own optimizer
+        "auxiliary": {
+            name: {
+                "weights": flat(network.module.parameters()),
+                "changed": flat(network.module.parameters()) != before,
+            }
+            for name, network in trainer._auxiliary_networks.items()
+            for before in [initial_auxiliary[name]]
+        },
+        "auxiliary_optimizer_steps": [int(state["step"]) for state in trainer._auxiliary_optimizer.state.values()]
+        if trainer._auxiliary_optimizer is not None
+        else [],
     }
     Path(output_dir, f"rank{trainer.accelerator.process_index}.json").write_text(json.dumps(report))
 

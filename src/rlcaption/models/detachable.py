@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from torch import nn
 
 __all__ = ["DetachableNetworkMixin"]
@@ -59,8 +60,11 @@ class DetachableNetworkMixin:
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
-        if recurse and self.network_is_detached:
-            getattr(self, self.detachable_network_name)._apply(fn)  # device and dtype moves reach it too
+        # device and dtype moves reach it too, but not an emptying to the meta device: FSDP's memory-efficient loading
+        # empties the model on all processes but one and loads the model's own weights back, which the detached
+        # network, trained beside the model, is not among
+        if recurse and self.network_is_detached and fn(torch.empty(0)).device.type != "meta":
+            getattr(self, self.detachable_network_name)._apply(fn)
         return self
 
     def train(self, mode: bool = True):
@@ -70,9 +74,21 @@ class DetachableNetworkMixin:
         return self
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        # a detached network is loaded too: resuming a run or loading its best checkpoint restores it
+        # a detached network is loaded too where the state dict holds it: resuming a run or loading its best
+        # checkpoint restores it. One without it is the model's own while detached (FSDP reloads its shards so).
+        prefix = f"{self.detachable_network_name}."
+        if not any(key.startswith(prefix) for key in state_dict):
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
         with self._network_attached():
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def detached_network_state_dict(self) -> dict[str, object]:
+        """The detached network's weights under the names the attached model gives them (empty when attached):
+        what a state dict of the model taken while detached lacks to be saved whole."""
+        if not self.network_is_detached:
+            return {}
+        network = getattr(self, self.detachable_network_name)
+        return {f"{self.detachable_network_name}.{key}": value for key, value in network.state_dict().items()}
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """`PreTrainedModel.save_pretrained`, with the network even while it is detached for training."""

@@ -317,6 +317,10 @@ class PSSTObjective(CaptionObjective):
 
     name = "psst"
     config_class = PSSTConfig
+    not_under_fsdp = (
+        "it multiplies the words it passes by the speaker's word-embedding matrix itself, outside a forward pass, "
+        "and FSDP2 shards that matrix as a unit of its own, gathered only for the embedding's forward"
+    )
 
     def __init__(self, trainer):
         super().__init__(trainer)

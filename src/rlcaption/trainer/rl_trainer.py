@@ -19,7 +19,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from transformers.utils import logging
 
 from .. import objectives as _objectives  # noqa: F401  (registers the built-in objectives)
-from ..captioners import captioner_for
+from ..captioners import captioner_for, gather_parameters_in_methods
 from ..data.collator import CaptionCollator
 from ..decoding import GeneratedCaptions, generate_caption_sets, generate_captions
 from ..hub import HUB_CONNECTION_ERRORS
@@ -33,7 +33,6 @@ __all__ = [
     "AUXILIARY_NETWORKS_NAME",
     "RLCaptionTrainer",
     "check_data_parallel",
-    "check_fsdp_objective",
     "last_complete_checkpoint",
 ]
 
@@ -43,6 +42,8 @@ logger = logging.get_logger(__name__)
 _CHECKPOINT_COMPLETE_MARKER = "trainer_state.json"
 # The objective's auxiliary networks, beside the model's weights in every checkpoint.
 AUXILIARY_NETWORKS_NAME = "auxiliary_networks.safetensors"
+# under FSDP, the auxiliary networks' own optimizer (elsewhere their groups are in the captioner's optimizer)
+AUXILIARY_OPTIMIZER_NAME = "auxiliary_optimizer.pt"
 
 RewardLike = str | Callable[..., list[float]]
 # Trainer arguments that RLCaptionTrainer would ignore: the objective computes the loss, and evaluation scores decoded
@@ -101,33 +102,29 @@ def check_data_parallel(accelerator_state: Any) -> None:
         )
 
 
-def check_fsdp_objective(accelerator_state: Any, objective: str, auxiliary_networks: Sequence[str]) -> None:
+def _unit_classes_present_only(model: nn.Module) -> None:
     """
-    Refuses FSDP for an objective that trains auxiliary networks: accelerate's FSDP2 prepares one model together with
-    the optimizer and swaps every parameter of that optimizer for a shard of that model, so the auxiliary networks'
-    parameter groups have nothing to map to; its `prepare_model` refuses to shard a second model alone; and FSDP
-    checkpoints write the optimizer state by the model's parameter names, which the auxiliary networks are not.
+    FSDP2 makes a unit of every module whose class the model lists in `_no_split_modules`, and fails on a listed class
+    it cannot find. An objective takes its auxiliary network out of the model it trains (a PolicyValueCaptioner's value
+    network, a SpeakerListener's listener): the model then lists only the classes it still holds.
     """
-    if getattr(accelerator_state, "fsdp_plugin", None) is None or not auxiliary_networks:
-        return
-    raise ValueError(
-        f"The {objective!r} objective trains the auxiliary networks {sorted(auxiliary_networks)} in the captioner's "
-        "optimizer, which accelerate's FSDP2 cannot shard: it prepares one model with its optimizer and maps every "
-        "parameter of that optimizer to a shard of that model, and FSDP checkpoints name optimizer states by the "
-        "model's parameters. Train this objective with DDP (`accelerate launch --multi_gpu`); under FSDP, train "
-        "objectives without auxiliary networks (xe, scst, sle)."
-    )
+    declared = getattr(model, "_no_split_modules", None)
+    if declared:
+        present = {type(module).__name__ for module in model.modules()}
+        model._no_split_modules = [name for name in declared if name in present]
 
 
-class _ResetAuxiliaryGradients(TrainerCallback):
-    """Zeroes the auxiliary networks' gradients after every optimizer step, as the Trainer zeroes the model's: without
-    it they would add up over the whole run."""
+class _AuxiliaryNetworksStep(TrainerCallback):
+    """At every optimizer step: under FSDP, steps the auxiliary networks' own optimizer; then zeroes their gradients,
+    as the Trainer zeroes the model's (without it they would add up over the whole run)."""
 
-    def __init__(self, networks: Mapping[str, AuxiliaryNetwork]):
-        self.networks = networks
+    def __init__(self, trainer: RLCaptionTrainer):
+        self.trainer = trainer
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        for network in self.networks.values():
+        if self.trainer._auxiliary_optimizer is not None:
+            self.trainer._step_auxiliary_optimizer()
+        for network in self.trainer._auxiliary_networks.values():
             network.module.zero_grad(set_to_none=True)
 
 
@@ -221,12 +218,20 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         self.reward_mix = None
         if objective_class.uses_rewards:
             self.reward_mix = self._build_reward_mix(reward_funcs, train_dataset)
+        if self.is_fsdp_enabled and objective_class.not_under_fsdp:
+            raise ValueError(
+                f"The {args.objective!r} objective cannot train a captioner sharded by FSDP: "
+                f"{objective_class.not_under_fsdp}. Train it with DDP (`accelerate launch --multi_gpu`)."
+            )
         self.objective = objective_class(self)
         self._auxiliary_networks = self._checked_auxiliary_networks(self.objective.auxiliary_networks())
-        check_fsdp_objective(self.accelerator.state, args.objective, list(self._auxiliary_networks))
         self._wrapped_auxiliary_networks: dict[str, nn.Module] = {}
+        # under FSDP the auxiliary networks are replicated beside the sharded captioner, with their own optimizer
+        self._auxiliary_optimizer: torch.optim.Optimizer | None = None
+        if self.is_fsdp_enabled:
+            _unit_classes_present_only(self.model)
         if self._auxiliary_networks:
-            self.add_callback(_ResetAuxiliaryGradients(self._auxiliary_networks))
+            self.add_callback(_AuxiliaryNetworksStep(self))
 
     # ------------------------------------------------------------------ auxiliary networks
     def _checked_auxiliary_networks(self, networks: Mapping[str, AuxiliaryNetwork]) -> dict[str, AuxiliaryNetwork]:
@@ -264,7 +269,9 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             )
         if name not in self._wrapped_auxiliary_networks:
             module = self._auxiliary_networks[name].module
-            self._wrapped_auxiliary_networks[name] = self.accelerator.prepare_model(module)
+            if not self.is_fsdp_enabled:
+                module = self.accelerator.prepare_model(module)
+            self._wrapped_auxiliary_networks[name] = module
         return self._wrapped_auxiliary_networks[name]
 
     def auxiliary_state_dict(self) -> dict[str, torch.Tensor]:
@@ -460,23 +467,59 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
     def create_optimizer(self, model=None):
         # One parameter group per auxiliary network, with its own learning rate and weight decay, in the one
         # optimizer: it is created before the scheduler, which then schedules every group alike, and its state is
-        # saved and restored with the model's.
+        # saved and restored with the model's. Under FSDP the groups go to an optimizer of their own instead:
+        # accelerate maps every parameter of the captioner's optimizer to a shard of the captioner, and its
+        # checkpoints name optimizer states by the captioner's parameters.
         optimizer = super().create_optimizer(model)
-        grouped = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
-        for name, network in self._auxiliary_networks.items():
-            parameters = [parameter for parameter in network.module.parameters() if parameter.requires_grad]
-            if any(id(parameter) in grouped for parameter in parameters):
-                continue  # the optimizer existed already
-            learning_rate = self.args.learning_rate if network.learning_rate is None else network.learning_rate
-            optimizer.add_param_group(
-                {
-                    "params": parameters,
-                    "lr": learning_rate,
-                    "weight_decay": network.weight_decay,
-                    "name": f"auxiliary/{name}",
-                }
-            )
+        groups = [group for group in self._auxiliary_parameter_groups() if not self._in_optimizer(optimizer, group)]
+        if self.is_fsdp_enabled:
+            if groups and self._auxiliary_optimizer is None:
+                optimizer_class, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
+                self._auxiliary_optimizer = optimizer_class(groups, **optimizer_kwargs)
+        else:
+            for group in groups:
+                optimizer.add_param_group(group)
         return optimizer
+
+    def _auxiliary_parameter_groups(self) -> list[dict[str, Any]]:
+        groups = []
+        for name, network in self._auxiliary_networks.items():
+            learning_rate = self.args.learning_rate if network.learning_rate is None else network.learning_rate
+            parameters = [parameter for parameter in network.module.parameters() if parameter.requires_grad]
+            groups.append(
+                {"params": parameters, "lr": learning_rate, "weight_decay": network.weight_decay,
+                 "name": f"auxiliary/{name}"}
+            )  # fmt: skip
+        return groups
+
+    @staticmethod
+    def _in_optimizer(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+        return any(group["name"] == existing.get("name") for existing in optimizer.param_groups)
+
+    def _step_auxiliary_optimizer(self) -> None:
+        """Under FSDP: averages the auxiliary networks' gradients over the processes (a parameter without a gradient
+        on every process keeps none, as DDP leaves it) and steps their optimizer at the captioner's schedule."""
+        parameters = [parameter for group in self._auxiliary_optimizer.param_groups for parameter in group["params"]]
+        if self.accelerator.num_processes > 1:
+            gradients = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
+            flat = torch.cat([gradient.reshape(-1) for gradient in gradients] + [
+                torch.tensor([float(p.grad is not None) for p in parameters], device=gradients[0].device)
+            ])  # fmt: skip
+            torch.distributed.all_reduce(flat)
+            has_gradient = flat[-len(parameters) :] > 0
+            offset = 0
+            for parameter, present in zip(parameters, has_gradient.tolist(), strict=True):
+                size = parameter.numel()
+                gradient = flat[offset : offset + size].view_as(parameter) / self.accelerator.num_processes
+                parameter.grad = gradient.clone() if present else None
+                offset += size
+        # the schedule of the one optimizer: the factor the captioner's rates have now, applied to every group
+        scheduler = self.lr_scheduler
+        factor = scheduler.get_last_lr()[0] / scheduler.base_lrs[0] if scheduler.base_lrs[0] else 1.0
+        for group in self._auxiliary_optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+            group["lr"] = group["initial_lr"] * factor
+        self._auxiliary_optimizer.step()
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         # The schedule counts the steps that train the captioner (see learning_rate_schedule): a pretraining phase
@@ -504,6 +547,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         failure = None
+        gather_parameters_in_methods(self.unwrap_model(model))  # under FSDP2: rollouts step the sharded captioner
         try:
             loss = self.objective.compute_loss(model, inputs)
             if not torch.isfinite(loss):
@@ -605,7 +649,12 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         # from, and the final model not at all; the captioner is written whole as well (gathered on every process,
         # written by the main one), so that every saved folder loads with `from_pretrained` and is evaluated alike.
         if self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
-            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
+            state_dict = self.accelerator.get_state_dict(self.model)
+            # a network an objective took out of the model (and trains beside it) is saved with it
+            detached = getattr(self.unwrap_model(self.model), "detached_network_state_dict", dict)()
+            if state_dict is not None:  # None on the processes that do not write
+                state_dict.update({key: value.detach().cpu() for key, value in detached.items()})
+            self._save(output_dir, state_dict=state_dict)
         super().save_model(output_dir, _internal_call)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
@@ -614,7 +663,24 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         # the replicas are equal, so the main process writes them.
         if self._auxiliary_networks and self.args.should_save:
             self._save_auxiliary_networks(output_dir)
+            if self._auxiliary_optimizer is not None:
+                path = os.path.join(output_dir, AUXILIARY_OPTIMIZER_NAME)
+                torch.save(self._auxiliary_optimizer.state_dict(), path + ".tmp")
+                os.replace(path + ".tmp", path)
         super()._save_optimizer_and_scheduler(output_dir)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self._auxiliary_optimizer is None:
+            return
+        path = os.path.join(checkpoint, AUXILIARY_OPTIMIZER_NAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"{checkpoint} has no {AUXILIARY_OPTIMIZER_NAME}, the optimizer state of the auxiliary networks under "
+                "FSDP: resume from a checkpoint written by this objective under FSDP."
+            )
+        # on the CPU first: the optimizer moves each state to its parameter's device
+        self._auxiliary_optimizer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -42,6 +43,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
+from .models.captions import soft_word_embeddings
 from .models.recurrent_decoding import decode_recurrent, decodes_plainly
 
 __all__ = [
@@ -115,6 +117,15 @@ def gather_parameters_in_methods(module: nn.Module, method_names: Sequence[str] 
         if name not in registered and callable(getattr(module, name, None)):
             register_fsdp_forward_method(module, name)
             registered.add(name)
+    # word passing multiplies soft words by the word-embedding matrix, which FSDP shards as a unit of its own
+    embeddings = getattr(module, "get_input_embeddings", lambda: None)()
+    if _is_fully_sharded(embeddings) and "soft_words" not in embeddings.__dict__:
+        embeddings.soft_words = types.MethodType(_soft_words, embeddings)
+        register_fsdp_forward_method(embeddings, "soft_words")
+
+
+def _soft_words(embedding: nn.Embedding, words: torch.Tensor) -> torch.Tensor:
+    return soft_word_embeddings(words, embedding.weight)
 
 
 def forward_through(wrapped: nn.Module, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

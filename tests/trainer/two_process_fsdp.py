@@ -1,8 +1,9 @@
 """
 Run by test_fsdp.py under `accelerate launch --config_file examples/accelerate/fsdp.yaml --num_processes 2` on CPU
-(gloo, see fsdp_on_cpu.py): `objective` trains a tiny ShowTellRL fully sharded by FSDP2 for 3 steps with a checkpoint
-every step, optionally killed with SIGKILL at the end of a step; a later launch resumes from the newest complete
-checkpoint.
+(gloo, see fsdp_on_cpu.py), or under `--multi_gpu` (DDP) to compare with: `objective` trains a tiny ShowTellRL (in the
+model its objective trains) fully sharded by FSDP2 for 3 steps with a checkpoint every `save_steps` steps (1 unless
+given), optionally killed with SIGKILL at the end of step `kill_at_step`; a later launch resumes from the newest
+complete checkpoint.
 """
 
 import json
@@ -38,6 +39,15 @@ def flat(tensors) -> list[float]:
     return [float(value) for tensor in tensors for value in tensor.detach().double().flatten()]
 
 
+def whole(parameter):
+    """The whole tensor of a parameter, gathered from the processes' shards under FSDP (a replica under DDP)."""
+    return parameter.full_tensor() if isinstance(parameter, DTensor) else parameter
+
+
+def local(parameter):
+    return parameter.to_local() if isinstance(parameter, DTensor) else parameter
+
+
 def model_class_networks(trainer):
     """The networks an objective took out of its model, by the name the model gives them."""
     model = trainer.unwrap_model(trainer.model)
@@ -46,8 +56,9 @@ def model_class_networks(trainer):
     return [(model.detachable_network_name, getattr(model, model.detachable_network_name))]
 
 
-def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int) -> None:
-    shard_cpu_processes_with_fsdp()
+def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int, save_steps: int) -> None:
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":  # else DDP, to compare with
+        shard_cpu_processes_with_fsdp()
     shapes, processor = two_process_shapes(cache_dir)
     model = make_tiny_model(processor, seed=0)
     if objective == "actor_critic":
@@ -59,7 +70,7 @@ def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int) -> 
     initial = flat(model.parameters())
     args = RLCaptionConfig(
         output_dir=output_dir, use_cpu=True, objective=objective, per_device_train_batch_size=2,
-        max_steps=MAX_STEPS, learning_rate=1e-2, save_strategy="steps", save_steps=1, logging_steps=1,
+        max_steps=MAX_STEPS, learning_rate=1e-2, save_strategy="steps", save_steps=save_steps, logging_steps=1,
         disable_tqdm=True, max_caption_length=8, num_samples_per_image=2, seed=0,
         **({"reward_funcs": ["cider"]} if objective in ("scst", "spider_pg", "actor_critic", "psst") else {}),
         **OBJECTIVE_FIELDS.get(objective, {}),
@@ -77,9 +88,9 @@ def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int) -> 
 
     parameters = list(trainer.model.parameters())
     # gathered on every process from the shards: equal on both processes if the steps kept the shards consistent
-    full = [parameter.full_tensor() for parameter in parameters]
+    full = [whole(parameter) for parameter in parameters]
     saved = type(model).from_pretrained(os.path.join(output_dir, f"checkpoint-{MAX_STEPS}")).state_dict()
-    trained = {name: parameter.full_tensor() for name, parameter in trainer.model.named_parameters()}
+    trained = {name: whole(parameter) for name, parameter in trainer.model.named_parameters()}
     # a network the objective took out of the model (value network, listener) is saved in it, trained
     trained.update({
         f"{network_name}.{name}": parameter
@@ -92,7 +103,7 @@ def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int) -> 
         "distributed_type": str(trainer.accelerator.distributed_type),
         "resumed": resume,
         "sharded": all(isinstance(parameter, DTensor) for parameter in parameters),
-        "local_numel": sum(parameter.to_local().numel() for parameter in parameters),
+        "local_numel": sum(local(parameter).numel() for parameter in parameters),
         "full_numel": sum(tensor.numel() for tensor in full),
         "captioner": flat(full),
         "changed": flat(full) != initial,
@@ -119,4 +130,5 @@ def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int) -> 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 0)
+    arguments = [int(value) for value in sys.argv[4:]] + [0, 1][len(sys.argv[4:]) :]
+    main(sys.argv[1], sys.argv[2], sys.argv[3], *arguments[:2])

@@ -37,8 +37,13 @@ def soft_word_embeddings(words: torch.Tensor, embedding_matrix: torch.Tensor | n
 
     Returns:
         `torch.FloatTensor` of shape `(..., embedding_size)`, in the dtype of the embedding matrix.
+
+    An `nn.Embedding` sharded by FSDP2 embeds through its method `soft_words` where it has one (see
+    `rlcaption.captioners.gather_parameters_in_methods`), which gathers the matrix for the product.
     """
     if isinstance(embedding_matrix, nn.Embedding):
+        if "soft_words" in embedding_matrix.__dict__:
+            return embedding_matrix.soft_words(words)
         embedding_matrix = embedding_matrix.weight
     if embedding_matrix.dim() != 2 or words.shape[-1] != embedding_matrix.shape[0]:
         raise ValueError(

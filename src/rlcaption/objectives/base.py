@@ -143,8 +143,6 @@ class CaptionObjective:
     uses_rewards: ClassVar[bool] = True
     # the config class that holds the objective's options (a subclass of RLCaptionConfig for a method with its own)
     config_class: ClassVar[type[RLCaptionConfig]] = RLCaptionConfig
-    # why the objective cannot train a captioner sharded by FSDP2, if it cannot
-    not_under_fsdp: ClassVar[str | None] = None
 
     def __init__(self, trainer: TrainerInterface):
         self.trainer = trainer

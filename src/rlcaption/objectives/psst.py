@@ -44,6 +44,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..decoding import evaluation_mode, forward_through, image_inputs_of
+from ..models.captions import soft_word_embeddings
 from ..models.speaker_listener import SpeakerListener
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .policy_gradient import policy_gradient_loss
@@ -317,10 +318,6 @@ class PSSTObjective(CaptionObjective):
 
     name = "psst"
     config_class = PSSTConfig
-    not_under_fsdp = (
-        "it multiplies the words it passes by the speaker's word-embedding matrix itself, outside a forward pass, "
-        "and FSDP2 shards that matrix as a unit of its own, gathered only for the embedding's forward"
-    )
 
     def __init__(self, trainer):
         super().__init__(trainer)
@@ -392,10 +389,11 @@ class PSSTObjective(CaptionObjective):
                 max_length=args.max_caption_length + 1, rho=args.psst_rho,
                 gumbel_temperature=self.gumbel_temperature(), temperature=args.temperature,
             )  # fmt: skip
-        # the speaker's embeddings, detached: the fixed speaker gets no gradient through them either
-        word_embeddings = trainer.unwrap_model(model).get_input_embeddings().weight.detach()
+        # the words embedded by the speaker without gradient: the fixed speaker gets none through them either
+        with torch.no_grad():
+            word_vectors = soft_word_embeddings(passed.words, trainer.unwrap_model(model).get_input_embeddings())
         caption_embeddings, image_embeddings = trainer.auxiliary_network("listener")(
-            passed.words, word_embeddings, caption_mask=passed.step_mask, **image_inputs
+            word_vectors, None, caption_mask=passed.step_mask, **image_inputs
         )
         similarities = caption_embeddings @ image_embeddings.T  # (B, B)
         self._record_listener_metrics(vse_hardest_negative_losses(similarities.detach()), similarities)
@@ -433,12 +431,13 @@ class PSSTObjective(CaptionObjective):
             temperature=args.temperature,
         )
         # 2. the listener embeds them with the speaker's word embeddings, and the images with its own encoder
-        word_embeddings = trainer.unwrap_model(model).get_input_embeddings().weight
-        if args.psst_mode == "reinforce":
-            # REINFORCE (Williams 1992) trains the speaker by its reward alone: the listener reads the embeddings as
-            # constants, so its loss reaches no speaker parameter
-            word_embeddings = word_embeddings.detach()
+        word_embeddings = trainer.unwrap_model(model).get_input_embeddings()
         listener_arguments = (passed.words, word_embeddings)
+        if args.psst_mode == "reinforce":
+            # REINFORCE (Williams 1992) trains the speaker by its reward alone: the listener reads the embedded words
+            # as constants, so its loss reaches no speaker parameter
+            with torch.no_grad():
+                listener_arguments = (soft_word_embeddings(passed.words, word_embeddings), None)
         listener_keywords = {"caption_mask": passed.step_mask, **image_inputs}
         if fixed_listener:
             # outside the listener's DDP wrapper: with its parameters as constants it has no gradient to synchronise

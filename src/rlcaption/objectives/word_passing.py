@@ -179,7 +179,7 @@ def decode_with_word_passing(
         if mode == "reinforce":
             inputs = model.word_embeddings(token_ids)
         else:
-            inputs = soft_word_embeddings(words, model.word_embeddings.weight)
+            inputs = soft_word_embeddings(words, model.word_embeddings)
     words, probabilities, token_ids, alive, log_probs, soft = (
         torch.stack(column, dim=1) for column in zip(*steps, strict=True)
     )

@@ -218,11 +218,6 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         self.reward_mix = None
         if objective_class.uses_rewards:
             self.reward_mix = self._build_reward_mix(reward_funcs, train_dataset)
-        if self.is_fsdp_enabled and objective_class.not_under_fsdp:
-            raise ValueError(
-                f"The {args.objective!r} objective cannot train a captioner sharded by FSDP: "
-                f"{objective_class.not_under_fsdp}. Train it with DDP (`accelerate launch --multi_gpu`)."
-            )
         self.objective = objective_class(self)
         self._auxiliary_networks = self._checked_auxiliary_networks(self.objective.auxiliary_networks())
         self._wrapped_auxiliary_networks: dict[str, nn.Module] = {}

@@ -63,7 +63,7 @@ class Listener(CaptionImageEmbedding):
     def embed_captions(
         self,
         captions: torch.Tensor,
-        word_embeddings: torch.Tensor | nn.Embedding,
+        word_embeddings: torch.Tensor | nn.Embedding | None,
         caption_mask: torch.Tensor | None = None,
     ) -> torch.FloatTensor:
         """
@@ -75,7 +75,8 @@ class Listener(CaptionImageEmbedding):
                 Word vectors over the vocabulary (one-hot or soft, e.g. [`PassedWords.words`]) or token ids. A
                 one-hot vector and its token id give the same embedding.
             word_embeddings (`torch.FloatTensor` of shape `(vocab_size, word_embedding_size)` or `nn.Embedding`):
-                The speaker's word embeddings.
+                The speaker's word embeddings; `None` when `captions` are the embedded words already `(batch_size,
+                num_steps, word_embedding_size)`.
             caption_mask (`torch.Tensor` of shape `(batch_size, num_steps)`, *optional*):
                 1 on each caption's steps, its end token included, 0 after (e.g. [`PassedWords.step_mask`]); every
                 step counts when unset. The GRU stops at each caption's last step.
@@ -83,7 +84,9 @@ class Listener(CaptionImageEmbedding):
         Returns:
             `torch.FloatTensor` of shape `(batch_size, joint_embedding_size)`, of unit norm.
         """
-        if captions.is_floating_point():
+        if word_embeddings is None:
+            inputs = captions  # (B, T, W)
+        elif captions.is_floating_point():
             inputs = soft_word_embeddings(captions, word_embeddings)  # (B, T, W)
         else:
             weight = word_embeddings.weight if isinstance(word_embeddings, nn.Embedding) else word_embeddings
@@ -93,7 +96,7 @@ class Listener(CaptionImageEmbedding):
     def forward(
         self,
         captions: torch.Tensor,
-        word_embeddings: torch.Tensor | nn.Embedding,
+        word_embeddings: torch.Tensor | nn.Embedding | None,
         pixel_values: torch.FloatTensor | None = None,
         image_features: torch.FloatTensor | None = None,
         caption_mask: torch.Tensor | None = None,

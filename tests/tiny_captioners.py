@@ -17,6 +17,7 @@ from transformers import (
     BlipImageProcessorPil,
     BlipProcessor,
     CLIPImageProcessorPil,
+    GenerationConfig,
     GitConfig,
     GitForCausalLM,
     GitProcessor,
@@ -29,15 +30,18 @@ from transformers import (
     ViTImageProcessorPil,
 )
 
+from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig
 from rlcaption.recipes import new_show_tell_rl
 
 __all__ = [
+    "DECODING_SETTINGS",
     "FOREIGN_CAPTIONERS",
     "make_bert_tokenizer",
     "make_foreign_captioner",
     "make_gpt2_tokenizer",
     "make_show_tell",
     "make_vision_encoder_decoder",
+    "regions_show_tell",
 ]
 
 # The transformers captioners of the foreign-captioner tests, each built with its own processor.
@@ -194,3 +198,35 @@ def make_foreign_captioner(kind: str, captions: list[str], image_size: int, seed
         processor = GitProcessor(image_processor=image_processor, tokenizer=make_bert_tokenizer(captions))
         return _git(processor.tokenizer, image_size), processor
     raise ValueError(f"Unknown captioner kind {kind!r}; expected one of {FOREIGN_CAPTIONERS}.")
+
+
+# the decodings RL asks of a recurrent captioner, by name
+DECODING_SETTINGS = {
+    "greedy": GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=20),
+    "pure sampling": GenerationConfig(
+        do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=5, max_new_tokens=20
+    ),
+    "temperature, top-k, top-p": GenerationConfig(
+        do_sample=True, num_beams=1, temperature=0.7, top_k=10, top_p=0.9, num_return_sequences=3, max_new_tokens=20
+    ),
+    "short budget": GenerationConfig(
+        do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=2, max_new_tokens=3
+    ),
+}
+
+
+def regions_show_tell(image_attention: bool) -> ShowTellRL:
+    """A tiny ShowTellRL of region features (6 wide), random weights from seed 0."""
+    torch.manual_seed(0)
+    return ShowTellRL(
+        ShowTellRLConfig(
+            vocab_size=30,
+            hidden_size=16,
+            word_embedding_size=8,
+            max_caption_length=8,
+            encoder_type="features",
+            image_feature_size=6,
+            image_feature_layout="grid",
+            image_attention=image_attention,
+        )  # fmt: skip
+    )

@@ -13,22 +13,11 @@ from rlcaption.data import load_shapes
 from rlcaption.decoding import evaluation_mode, generate_caption_sets, generate_captions
 from rlcaption.models import recurrent_decoding
 from rlcaption.models.recurrent_decoding import decode_recurrent, decodes_plainly, draw_tokens
-from rlcaption.models.show_tell_rl import ShowTellRLConfig
+from tiny_captioners import DECODING_SETTINGS, regions_show_tell
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 WARM_START = REPOSITORY / "checkpoints" / "show-tell-rl-shapes-xe"
-SETTINGS = {
-    "greedy": GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=20),
-    "pure sampling": GenerationConfig(
-        do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=5, max_new_tokens=20
-    ),
-    "temperature, top-k, top-p": GenerationConfig(
-        do_sample=True, num_beams=1, temperature=0.7, top_k=10, top_p=0.9, num_return_sequences=3, max_new_tokens=20
-    ),
-    "short budget": GenerationConfig(
-        do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=2, max_new_tokens=3
-    ),
-}
+SETTINGS = DECODING_SETTINGS
 
 
 @pytest.fixture(scope="module")
@@ -67,22 +56,6 @@ def test_the_published_warm_start_decodes_as_generate_does(setting, warm_start_i
         assert (reference[:, -1] == model.config.eos_token_id).any()
     else:
         assert reference.shape[1] == 4
-
-
-def regions_show_tell(image_attention: bool) -> ShowTellRL:
-    torch.manual_seed(0)
-    return ShowTellRL(
-        ShowTellRLConfig(
-            vocab_size=30,
-            hidden_size=16,
-            word_embedding_size=8,
-            max_caption_length=8,
-            encoder_type="features",
-            image_feature_size=6,
-            image_feature_layout="grid",
-            image_attention=image_attention,
-        )  # fmt: skip
-    )
 
 
 @pytest.mark.parametrize("image_attention", [False, True], ids=["mean", "attention"])

@@ -20,7 +20,7 @@ from rlcaption.data import load_shapes
 from rlcaption.decoding import evaluation_mode, generate_captions
 from rlcaption.models import recurrent_decoding
 from rlcaption.models.recurrent_decoding import decode_recurrent
-from rlcaption.models.show_tell_rl import ShowTellRLConfig
+from tiny_captioners import DECODING_SETTINGS, regions_show_tell
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -118,43 +118,12 @@ def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, pre
         "image"
     ]
     warm_start = ShowTellRL.from_pretrained(WARM_START).cuda()
-    attention = ShowTellRL(
-        ShowTellRLConfig(
-            vocab_size=30,
-            hidden_size=16,
-            word_embedding_size=8,
-            max_caption_length=8,
-            encoder_type="features",
-            image_feature_size=6,
-            image_feature_layout="grid",
-            image_attention=True,
-        )  # fmt: skip
-    ).cuda()
+    attention = regions_show_tell(image_attention=True).cuda()
     cases = [
         (warm_start, {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}),
         (attention, {"image_features": torch.randn(8, 4, 6).cuda(), "image_feature_mask": REGION_MASK.cuda()}),
     ]
-    settings = [
-        GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=20),
-        GenerationConfig(
-            do_sample=True,
-            num_beams=1,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            num_return_sequences=5,
-            max_new_tokens=20,
-        ),  # fmt: skip
-        GenerationConfig(
-            do_sample=True,
-            num_beams=1,
-            temperature=0.7,
-            top_k=10,
-            top_p=0.9,
-            num_return_sequences=3,
-            max_new_tokens=20,
-        ),  # fmt: skip
-    ]
+    settings = [DECODING_SETTINGS[name] for name in ("greedy", "pure sampling", "temperature, top-k, top-p")]
     autocast = torch.autocast("cuda", torch.bfloat16, enabled=precision == "bf16")
     for model, image_inputs in cases:
         captioner = captioner_for(model)

@@ -50,22 +50,24 @@ def test_objectives_train_a_fully_sharded_captioner_on_two_cpu_processes(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_fully_sharded_scst_run_killed_after_a_checkpoint_resumes_as_if_never_stopped(tmp_path):
+@pytest.mark.parametrize("objective", ["scst", "test_critic"])  # test_critic: with its critic and its optimizer
+def test_a_fully_sharded_run_killed_after_a_checkpoint_resumes_as_if_never_stopped(tmp_path, objective):
     cache = tmp_path / "cache"
-    straight = launch_fsdp(tmp_path / "straight", cache, "scst")
+    straight = launch_fsdp(tmp_path / "straight", cache, objective)
     assert straight.returncode == 0, straight.stderr[-4000:]
     # killed at the end of step 2, before its checkpoint: the newest complete one is step 1's
-    killed = launch_fsdp(tmp_path / "killed", cache, "scst", "2")
+    killed = launch_fsdp(tmp_path / "killed", cache, objective, "2")
     assert killed.returncode != 0
     assert not (tmp_path / "killed" / "rank0.json").exists()
     assert last_complete_checkpoint(str(tmp_path / "killed")).endswith("checkpoint-1")
-    resumed = launch_fsdp(tmp_path / "killed", cache, "scst")
+    resumed = launch_fsdp(tmp_path / "killed", cache, objective)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
 
     expected, actual = reports_of(tmp_path / "straight"), reports_of(tmp_path / "killed")
     assert_trained_fully_sharded(actual)
     assert all(report["resumed"] for report in actual)
     assert actual[0]["captioner"] == expected[0]["captioner"]
+    assert actual[0]["auxiliary"] == expected[0]["auxiliary"]
     assert actual[0]["losses"] == expected[0]["losses"]
 
 
@@ -76,7 +78,7 @@ def test_a_fully_sharded_scst_run_killed_after_a_checkpoint_resumes_as_if_never_
     ("objective", "network"),
     [
         ("test_critic", "critic"),
-        ("psst", "listener"),
+        pytest.param("psst", "listener", marks=pytest.mark.slow),
         pytest.param("spider_pg", "baseline", marks=pytest.mark.slow),
         pytest.param("actor_critic", "value", marks=pytest.mark.slow),
         pytest.param("wtf", "discriminator", marks=pytest.mark.slow),
@@ -113,19 +115,3 @@ def test_an_objective_with_an_auxiliary_network_trains_as_under_ddp(tmp_path, ob
     np.testing.assert_allclose(reports[0]["captioner"], replicated["captioner"], **tolerance)
     np.testing.assert_allclose(auxiliary[0]["weights"], replicated["auxiliary"][network]["weights"], **tolerance)
     np.testing.assert_allclose(reports[0]["losses"], replicated["losses"], **tolerance)
-
-
-@pytest.mark.slow
-def test_a_fully_sharded_run_with_an_auxiliary_network_resumes_as_if_never_stopped(tmp_path):
-    cache = tmp_path / "cache"
-    straight = launch_fsdp(tmp_path / "straight", cache, "test_critic")
-    assert straight.returncode == 0, straight.stderr[-4000:]
-    killed = launch_fsdp(tmp_path / "killed", cache, "test_critic", "2")
-    assert killed.returncode != 0
-    resumed = launch_fsdp(tmp_path / "killed", cache, "test_critic")
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    expected, actual = reports_of(tmp_path / "straight"), reports_of(tmp_path / "killed")
-    assert all(report["resumed"] for report in actual)
-    assert actual[0]["captioner"] == expected[0]["captioner"]
-    assert actual[0]["auxiliary"]["critic"]["weights"] == expected[0]["auxiliary"]["critic"]["weights"]
-    assert actual[0]["losses"] == expected[0]["losses"]

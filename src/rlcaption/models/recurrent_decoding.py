@@ -146,7 +146,8 @@ class _DecodingGraph:
         torch.cuda.current_stream(device).wait_stream(side_stream)
         torch.cuda.set_rng_state(generator_state, device)  # the first replay draws what eager decoding would draw
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), autocast:
+        # thread-local: a data loader's pin-memory thread allocating during the capture must not break it
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), autocast:
             decode()
 
     def __call__(self, state: Any) -> torch.LongTensor:

@@ -225,6 +225,11 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         self._auxiliary_optimizer: torch.optim.Optimizer | None = None
         if self.is_fsdp_enabled:
             _unit_classes_present_only(self.model)
+            if self._auxiliary_networks and args.fp16:
+                raise ValueError(
+                    f"Under FSDP the {args.objective!r} objective's auxiliary networks have an optimizer of their "
+                    "own, which float16's loss scaling does not reach: train with --bf16 (or in float32)."
+                )
         if self._auxiliary_networks:
             self.add_callback(_AuxiliaryNetworksStep(self))
 
@@ -244,7 +249,12 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
                 )
             if any(id(parameter) in model_parameters for parameter in network.module.parameters()):
                 raise ValueError(f"{where} shares parameters with the model; they would be optimised twice.")
-            network.module.to(self.args.device)
+            if any(parameter.is_meta for parameter in network.module.parameters()):
+                # loaded empty on this process (FSDP's memory-efficient loading): filled from the main process's
+                # weights when first used, see auxiliary_network
+                network.module.to_empty(device=self.args.device)
+            else:
+                network.module.to(self.args.device)
         return dict(networks)
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
@@ -266,6 +276,11 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             module = self._auxiliary_networks[name].module
             if not self.is_fsdp_enabled:
                 module = self.accelerator.prepare_model(module)
+            elif self.accelerator.num_processes > 1:
+                # as DDP does when it wraps a network: every process starts from the main process's weights (FSDP's
+                # memory-efficient loading leaves them empty on the others)
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    torch.distributed.broadcast(tensor.data, src=0)
             self._wrapped_auxiliary_networks[name] = module
         return self._wrapped_auxiliary_networks[name]
 
@@ -506,11 +521,13 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             for parameter, present in zip(parameters, has_gradient.tolist(), strict=True):
                 size = parameter.numel()
                 gradient = flat[offset : offset + size].view_as(parameter) / self.accelerator.num_processes
-                parameter.grad = gradient.clone() if present else None
+                parameter.grad = gradient.to(parameter.dtype) if present else None
                 offset += size
-        # the schedule of the one optimizer: the factor the captioner's rates have now, applied to every group
-        scheduler = self.lr_scheduler
-        factor = scheduler.get_last_lr()[0] / scheduler.base_lrs[0] if scheduler.base_lrs[0] else 1.0
+        # the schedule of the one optimizer: the factor the captioner's rate has at this step (any scheduler), applied
+        # to every group
+        captioner_group = self.optimizer.param_groups[0]
+        base = captioner_group.get("initial_lr", self.args.learning_rate)
+        factor = captioner_group["lr"] / base if base else 1.0
         for group in self._auxiliary_optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
             group["lr"] = group["initial_lr"] * factor
@@ -644,13 +661,17 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         # from, and the final model not at all; the captioner is written whole as well (gathered on every process,
         # written by the main one), so that every saved folder loads with `from_pretrained` and is evaluated alike.
         if self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
-            state_dict = self.accelerator.get_state_dict(self.model)
-            # a network an objective took out of the model (and trains beside it) is saved with it
-            detached = getattr(self.unwrap_model(self.model), "detached_network_state_dict", dict)()
-            if state_dict is not None:  # None on the processes that do not write
-                state_dict.update({key: value.detach().cpu() for key, value in detached.items()})
-            self._save(output_dir, state_dict=state_dict)
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
         super().save_model(output_dir, _internal_call)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # Under FSDP the state dict is gathered from the shards (full or sharded checkpoints alike) and lacks a network
+        # an objective took out of the model to train beside it: it is saved with the model, as `save_pretrained`
+        # saves it elsewhere. None on the processes that do not write.
+        if self.is_fsdp_enabled and state_dict is not None:
+            detached = getattr(self.unwrap_model(self.model), "detached_network_state_dict", dict)()
+            state_dict = {**state_dict, **{key: value.detach().cpu() for key, value in detached.items()}}
+        super()._save(output_dir, state_dict)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         # Training checkpoints only (a final `save_model` writes the captioner alone), with the optimizer state that

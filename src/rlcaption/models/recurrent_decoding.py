@@ -166,15 +166,18 @@ _UNCAPTURABLE = object()
 
 def _graph_key(model: nn.Module, state: Any, config: GenerationConfig) -> tuple | None:
     """What a captured decoding depends on, or None where a CUDA graph cannot hold it (not one CUDA device)."""
-    tensors, modules = [*_state_tensors(state).values(), *model.parameters()], list(model.modules())
-    devices = {tensor.device for tensor in tensors}
+    state_tensors, parameters = _state_tensors(state), list(model.parameters())
+    devices = {tensor.device for tensor in [*state_tensors.values(), *parameters]}
     if len(devices) != 1 or next(iter(devices)).type != "cuda" or torch.cuda.is_current_stream_capturing():
         return None
     return (
-        tuple((name, tensor.shape, tensor.dtype) for name, tensor in _state_tensors(state).items()),
-        tuple(parameter.data_ptr() for parameter in model.parameters()),
+        tuple((name, tensor.shape, tensor.dtype) for name, tensor in state_tensors.items()),
+        tuple(parameter.data_ptr() for parameter in parameters),
         # dropout on or off is baked into the graph
-        tuple((module.training, getattr(module, "p", None), getattr(module, "dropout", None)) for module in modules),
+        tuple(
+            (module.training, getattr(module, "p", None), getattr(module, "dropout", None))
+            for module in model.modules()
+        ),
         torch.is_autocast_enabled("cuda"),
         torch.get_autocast_dtype("cuda"),
         config.do_sample, config.temperature, config.top_k, config.top_p, config.max_new_tokens,

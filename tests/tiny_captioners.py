@@ -37,6 +37,7 @@ __all__ = [
     "DECODING_SETTINGS",
     "FOREIGN_CAPTIONERS",
     "make_bert_tokenizer",
+    "make_blip",
     "make_foreign_captioner",
     "make_gpt2_tokenizer",
     "make_show_tell",
@@ -198,6 +199,31 @@ def make_foreign_captioner(kind: str, captions: list[str], image_size: int, seed
         processor = GitProcessor(image_processor=image_processor, tokenizer=make_bert_tokenizer(captions))
         return _git(processor.tokenizer, image_size), processor
     raise ValueError(f"Unknown captioner kind {kind!r}; expected one of {FOREIGN_CAPTIONERS}.")
+
+
+# the tiny BLIP of the decoding-loop tests ([`make_blip`])
+BLIP_VOCABULARY, BLIP_START, BLIP_END, BLIP_PAD = 30, 2, 3, 0
+BLIP_IMAGE_SIZE = 16
+
+
+def make_blip(seed: int = 0, favoured_end: float = 1.0) -> BlipForConditionalGeneration:
+    """A BLIP without processor for the decoding-loop tests: two layers, a vision width other than the text width,
+    dropout; the end token favoured by `favoured_end` in its logits,
+    so that captions end at different lengths, as a trained captioner's do."""
+    torch.manual_seed(seed)
+    text_config = dict(
+        vocab_size=BLIP_VOCABULARY, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        encoder_hidden_size=24, max_position_embeddings=32, bos_token_id=BLIP_START, sep_token_id=BLIP_END,
+        eos_token_id=BLIP_END, pad_token_id=BLIP_PAD, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+    )  # fmt: skip
+    vision_config = dict(
+        image_size=BLIP_IMAGE_SIZE, patch_size=4, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32,
+    )  # fmt: skip
+    model = BlipForConditionalGeneration(BlipConfig(text_config=text_config, vision_config=vision_config))
+    with torch.no_grad():
+        model.text_decoder.cls.predictions.bias[BLIP_END] += favoured_end
+    return model.eval()
 
 
 # the decodings RL asks of a recurrent captioner, by name

@@ -43,8 +43,10 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
+from .models.blip_decoding import decode_blip
 from .models.captions import soft_word_embeddings
-from .models.recurrent_decoding import decode_recurrent, decodes_plainly
+from .models.recurrent_decoding import decode_recurrent
+from .models.step_decoding import decodes_plainly
 
 __all__ = [
     "BlipCaptioner",
@@ -228,7 +230,12 @@ class Captioner:
         config.pad_token_id = self.tokens.pad_token_id
         return config
 
-    def generate(self, image_inputs: Mapping[str, torch.Tensor], generation_config: GenerationConfig) -> Any:
+    def generate(
+        self,
+        image_inputs: Mapping[str, torch.Tensor],
+        generation_config: GenerationConfig,
+        decoding_loop: bool = True,
+    ) -> Any:
         """
         `model.generate(**image_inputs)` with exactly `generation_config` and the model's special token ids.
 
@@ -238,28 +245,55 @@ class Captioner:
         `generation_config` (and the library defaults for what it leaves unset) win, the checkpoint keeps only its
         special token ids.
 
+        A family with a decoding loop of its own (ours, BLIP) decodes a config that [`decodes_plainly`] in that loop:
+        the same captions for the same seed, without `generate()`'s overhead per token. `decoding_loop=False` asks
+        for `generate()` itself.
+
         Returns:
             what `generate()` returns: the sequences `(num_captions, length)`, starting with the start token, or a
             `GenerateOutput` when the config asks for one.
         """
         config = self.complete_generation_config(generation_config)
+        image_inputs = self._image_inputs(image_inputs)
+        if decoding_loop and self._decodes_in_loop(config):
+            return self._decode_in_loop(self._encode_for_loop(image_inputs), config)
         module = self.generation_module
         own_config = module.generation_config
         module.generation_config = config
         try:
-            return self._call_generate(self._image_inputs(image_inputs), config)
+            return self._model_generate(image_inputs, config)
         finally:
             module.generation_config = own_config
 
-    def _call_generate(self, image_inputs: dict[str, torch.Tensor], config: GenerationConfig) -> Any:
+    def _model_generate(self, image_inputs: dict[str, torch.Tensor], config: GenerationConfig) -> Any:
         return self.model.generate(**image_inputs, generation_config=config)
+
+    # Whether the family has a decoding loop of its own (`rlcaption.models.step_decoding`) for what RL decodes with:
+    # generate()'s captions without its per-token overhead.
+    has_decoding_loop: ClassVar[bool] = False
+
+    def _decodes_in_loop(self, config: GenerationConfig) -> bool:
+        # not under FSDP2, which gathers a sharded model's parameters in the methods registered for it (forward,
+        # generate) only
+        return self.has_decoding_loop and decodes_plainly(config) and not _is_fully_sharded(self.model)
+
+    def _encode_for_loop(self, image_inputs: dict[str, torch.Tensor]) -> Any:
+        """What the decoding loop starts from, computed from the images once for every decoding of them."""
+        raise NotImplementedError
+
+    def _decode_in_loop(self, encoding: Any, config: GenerationConfig) -> torch.LongTensor:
+        raise NotImplementedError
 
     def generate_several(
         self, image_inputs: Mapping[str, torch.Tensor], generation_configs: Sequence[GenerationConfig]
     ) -> list[Any]:
-        """[`generate`] with each of `generation_configs` in turn, on the same images; a captioner that can encodes
-        the images once for all of them."""
-        return [self.generate(image_inputs, config) for config in generation_configs]
+        """[`generate`] with each of `generation_configs` in turn, on the same images; a family with a decoding loop
+        encodes the images once for all of them (RL decodes samples, then a greedy baseline, of the same images)."""
+        configs = [self.complete_generation_config(config) for config in generation_configs]
+        if not all(self._decodes_in_loop(config) for config in configs):
+            return [self.generate(image_inputs, config) for config in generation_configs]
+        encoding = self._encode_for_loop(self._image_inputs(image_inputs))
+        return [self._decode_in_loop(encoding, config) for config in configs]
 
     # ---------------------------------------------------------------- scoring
     def caption_logits(
@@ -349,21 +383,13 @@ class ShowTellRLCaptioner(Captioner):
         """The ShowTellRL that decodes: the model itself here, the policy or the speaker of the models around one."""
         return self.model
 
-    def _call_generate(self, image_inputs, config):
-        # what RL training decodes with: the same captions without generate's overhead. Not under FSDP2, which
-        # gathers a sharded model's parameters in the methods registered for it (forward, generate) only.
-        if decodes_plainly(config) and not _is_fully_sharded(self.model):
-            return decode_recurrent(self.recurrent_network, image_inputs, config)
-        return super()._call_generate(image_inputs, config)
+    has_decoding_loop = True
 
-    def generate_several(self, image_inputs, generation_configs):
-        # RL decodes the same images twice (samples, then the greedy baseline): the image encoding is shared
-        configs = [self.complete_generation_config(config) for config in generation_configs]
-        if not all(decodes_plainly(config) for config in configs) or _is_fully_sharded(self.model):
-            return super().generate_several(image_inputs, generation_configs)
-        network = self.recurrent_network
-        state = network.initial_state(**self._image_inputs(image_inputs))
-        return [decode_recurrent(network, {}, config, initial_state=state) for config in configs]
+    def _encode_for_loop(self, image_inputs):
+        return self.recurrent_network.initial_state(**image_inputs)
+
+    def _decode_in_loop(self, encoding, config):
+        return decode_recurrent(self.recurrent_network, {}, config, initial_state=encoding)
 
     def caption_logits(self, model, image_inputs, input_ids, attention_mask=None, image_index=None):
         image_inputs = self._image_inputs(image_inputs)
@@ -477,10 +503,18 @@ class BlipCaptioner(Captioner):
     def generation_module(self) -> nn.Module:
         return self.model.text_decoder
 
-    def _call_generate(self, image_inputs, config):
+    def _model_generate(self, image_inputs, config):
         # BLIP passes its own eos and pad ids to the text decoder's generate; with a config passed as well,
         # generate would warn that both were given. The replaced generation config carries the settings instead.
         return self.model.generate(**image_inputs)
+
+    has_decoding_loop = True
+
+    def _encode_for_loop(self, image_inputs):
+        return self.model.vision_model(**image_inputs).last_hidden_state
+
+    def _decode_in_loop(self, encoding, config):
+        return decode_blip(self.model, {}, config, image_embeds=encoding)
 
     def _logits(self, model, image_inputs, input_ids, attention_mask):
         return model(**image_inputs, input_ids=input_ids, attention_mask=attention_mask).logits

@@ -1,6 +1,7 @@
 """The decoding loop of rlcaption's recurrent captioners against transformers' `generate()`, its reference: the same
 sequences for the same seed, token for token and of the same length, for every model and decoding setting RL uses."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -8,11 +9,12 @@ import torch
 from transformers import GenerationConfig
 
 from rlcaption import CaptionProcessor, PolicyValueCaptioner, ShowTellRL, SpeakerListener
-from rlcaption.captioners import Captioner, captioner_for
+from rlcaption.captioners import captioner_for
 from rlcaption.data import load_shapes
 from rlcaption.decoding import evaluation_mode, generate_caption_sets, generate_captions
-from rlcaption.models import recurrent_decoding
-from rlcaption.models.recurrent_decoding import decode_recurrent, decodes_plainly, draw_tokens
+from rlcaption.models import recurrent_decoding, step_decoding
+from rlcaption.models.recurrent_decoding import decode_recurrent
+from rlcaption.models.step_decoding import decodes_plainly, draw_tokens
 from tiny_captioners import DECODING_SETTINGS, regions_show_tell
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -31,16 +33,11 @@ def warm_start_inputs(tmp_path_factory):
 
 def generate_both_ways(model, image_inputs, config, seed=0):
     """(the loop's sequences, generate()'s sequences), each drawn from the same seed, through the model's Captioner."""
-    captioner = captioner_for(model)
     results = []
-    for call in (
-        captioner._call_generate,
-        lambda inputs, settings: Captioner._call_generate(captioner, inputs, settings),
-    ):
+    for decoding_loop in (True, False):
         torch.manual_seed(seed)
         with evaluation_mode(model):
-            captioner._call_generate = call
-            results.append(captioner.generate(image_inputs, config))
+            results.append(captioner_for(model).generate(image_inputs, config, decoding_loop=decoding_loop))
     return results
 
 
@@ -137,10 +134,11 @@ def test_decoding_every_step_as_a_cuda_graph_does_gives_the_same_captions(model_
     torch.manual_seed(0)
     state = model.initial_state(**image_inputs).repeat_interleave(config.num_return_sequences or 1)
     every_step = torch.empty(state.hidden.shape[1], config.max_new_tokens + 1, dtype=torch.long)
+    step = functools.partial(recurrent_decoding._step_logits, model)
     with torch.no_grad():
-        recurrent_decoding._decode_steps(model, state, every_step, config, stops_early=False)
-    assert torch.equal(recurrent_decoding._trim_after_last_end(every_step, config.eos_token_id), expected)
-    assert recurrent_decoding._graph_key(model, state, config) is None  # on the CPU: never a graph
+        step_decoding._decode_steps(step, state, every_step, config, stops_early=False)
+    assert torch.equal(step_decoding._trim_after_last_end(every_step, config.eos_token_id), expected)
+    assert step_decoding._graph_key(model, state, len(every_step), config) is None  # on the CPU: never a graph
 
 
 @pytest.mark.parametrize("wrapper", ["show_tell", "policy_value"])

@@ -12,15 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 from objective_steps import case_id, make_step_trainer
-from transformers import GenerationConfig
+from transformers import BlipForConditionalGeneration, GenerationConfig
 
 from rlcaption import CaptionProcessor, ShowTellRL
-from rlcaption.captioners import Captioner, captioner_for
+from rlcaption.captioners import captioner_for
 from rlcaption.data import load_shapes
 from rlcaption.decoding import evaluation_mode, generate_captions
-from rlcaption.models import recurrent_decoding
+from rlcaption.models import step_decoding
+from rlcaption.models.blip_decoding import decode_blip
 from rlcaption.models.recurrent_decoding import decode_recurrent
-from tiny_captioners import DECODING_SETTINGS, regions_show_tell
+from tiny_captioners import BLIP_IMAGE_SIZE, DECODING_SETTINGS, make_blip, regions_show_tell
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -103,11 +104,10 @@ def test_the_decoding_loop_samples_on_the_gpu_as_generate_does(tmp_path):
         do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=5, max_new_tokens=20
     )
     sequences = []
-    for call in (captioner._call_generate, lambda *args: Captioner._call_generate(captioner, *args)):
-        captioner._call_generate = call
+    for decoding_loop in (True, False):
         torch.manual_seed(0)
         with evaluation_mode(model):
-            sequences.append(captioner.generate(inputs, sampling))
+            sequences.append(captioner.generate(inputs, sampling, decoding_loop=decoding_loop))
     assert torch.equal(*sequences)
 
 
@@ -122,11 +122,13 @@ def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, pre
     cases = [
         (warm_start, {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}),
         (attention, {"image_features": torch.randn(8, 4, 6).cuda(), "image_feature_mask": REGION_MASK.cuda()}),
+        (make_blip().cuda(), {"pixel_values": torch.randn(6, 3, BLIP_IMAGE_SIZE, BLIP_IMAGE_SIZE).cuda()}),
     ]
     settings = [DECODING_SETTINGS[name] for name in ("greedy", "pure sampling", "temperature, top-k, top-p")]
     autocast = torch.autocast("cuda", torch.bfloat16, enabled=precision == "bf16")
     for model, image_inputs in cases:
         captioner = captioner_for(model)
+        decode = decode_blip if isinstance(model, BlipForConditionalGeneration) else decode_recurrent
         for update in range(2):  # the second round after an update of the weights in place, as an optimizer makes
             for setting in settings:
                 config = captioner.complete_generation_config(setting)
@@ -134,9 +136,9 @@ def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, pre
                 for cuda_graphs in (False, True, True):  # the second graph call replays the captured graph
                     torch.manual_seed(update)
                     with evaluation_mode(model), autocast:
-                        decoded.append(decode_recurrent(model, image_inputs, config, cuda_graphs=cuda_graphs))
+                        decoded.append(decode(model, image_inputs, config, cuda_graphs=cuda_graphs))
                 assert torch.equal(decoded[0], decoded[1]) and torch.equal(decoded[0], decoded[2])
             with torch.no_grad():
                 for parameter in model.parameters():
                     parameter.add_(0.05 * torch.randn_like(parameter))
-        assert 0 < len(recurrent_decoding._DECODING_GRAPHS[model]) <= recurrent_decoding.MAX_DECODING_GRAPHS_PER_MODEL
+        assert 0 < len(step_decoding._DECODING_GRAPHS[model]) <= step_decoding.MAX_DECODING_GRAPHS_PER_MODEL

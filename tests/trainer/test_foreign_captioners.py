@@ -187,14 +187,22 @@ def test_mixed_precision_covers_sampling_and_scoring_of_a_foreign_captioner(
 ):
     model, processor = build_captioner("blip", tiny_processor, train_captions)
     trainer = make_trainer(model, processor, tiny_shapes, tmp_path, objective="scst", bf16=True, max_steps=1)
-    vision_output_dtypes = []  # of a linear layer's output: autocast computes it in bf16 (a layer norm's in float32)
+    # of a linear layer's output: autocast computes it in bf16 (a layer norm's in float32)
+    vision_output_dtypes, text_output_dtypes = [], []
     model.vision_model.encoder.layers[0].mlp.fc1.register_forward_hook(
         lambda module, args, output: vision_output_dtypes.append(output.dtype)
     )
+    model.text_decoder.bert.encoder.layer[0].intermediate.dense.register_forward_hook(
+        lambda module, args, output: text_output_dtypes.append(output.dtype)
+    )
     trainer.train()
-    # sampling (BLIP's generate calls its vision model directly), the greedy baseline and the scoring pass
-    assert len(vision_output_dtypes) == 3
+    # the images encoded once for the samples and the greedy baseline (the decoding loop calls the vision model
+    # directly), then once for the scoring pass
+    assert len(vision_output_dtypes) == 2
     assert set(vision_output_dtypes) == {torch.bfloat16}
+    # every decoding step of the samples and the baseline, and the scoring pass
+    assert len(text_output_dtypes) > 3
+    assert set(text_output_dtypes) == {torch.bfloat16}
 
 
 def test_scst_scores_samples_under_the_distribution_that_sampled_them(

@@ -1,219 +1,27 @@
 """
-Sampling and greedy decoding of rlcaption's recurrent captioners in one tight loop over their RL interface
-(`initial_state`, `step`), for the plain settings RL training decodes with.
-
-`generate()` is general: at every token it prepares model inputs, runs its logits processors and stopping criteria
-and asks the device whether every caption has ended. A step of a small LSTM captioner costs a GPU much less than
-that bookkeeping costs the host, and each question stalls the host until the device has caught up, so on a GPU
-`generate()` leaves the device idle most of the time. This loop computes the same thing — the same network calls,
-the same logits warpers in the same order, the same draw from torch's generator, so the same sequences for the same
-seed — and asks whether all captions have ended only every few tokens. On a GPU it goes further: the whole decoding
-after the image encoding is captured once as a CUDA graph and replayed, one launch for every kernel of every token.
+Sampling and greedy decoding of rlcaption's recurrent captioners over their RL interface (`initial_state`, `step`):
+generate()'s captions for the plain settings RL training decodes with, without its per-token overhead, one CUDA graph
+per batch shape on a GPU (see [`decode_steps`]).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-import weakref
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import (
-    GenerationConfig,
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
-from transformers.utils import logging
+from transformers import GenerationConfig
 
-__all__ = ["decode_recurrent", "decodes_plainly", "draw_tokens", "logits_warpers", "use_cuda_graphs"]
+from .step_decoding import check_decodes_plainly, decode_steps
 
-logger = logging.get_logger(__name__)
-
-# The settings this loop honours; any other setting a config changes from the library defaults is left to generate().
-PLAIN_SETTINGS = frozenset(
-    {
-        "do_sample", "num_beams", "temperature", "top_k", "top_p", "max_new_tokens", "num_return_sequences",
-        "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "_from_model_config",
-    }
-)  # fmt: skip
-# Tokens decoded between two checks of whether every caption has ended: each check waits for the device, and a few
-# steps past the end of the last caption cost less than a wait per token.
-STEPS_BETWEEN_END_CHECKS = 4
+__all__ = ["decode_recurrent"]
 
 
-def decodes_plainly(config: GenerationConfig) -> bool:
-    """Whether [`decode_recurrent`] decodes `config` exactly as `generate()` would: one beam, greedy or sampled with
-    temperature, top-k and top-p given explicitly, a token budget, and nothing else."""
-    if config.num_beams not in (None, 1) or config.max_new_tokens is None:
-        return False
-    if config.do_sample and None in (config.temperature, config.top_k, config.top_p):
-        return False  # generate() would fill these from its own defaults
-    return set(config.to_diff_dict()) <= PLAIN_SETTINGS
-
-
-def logits_warpers(config: GenerationConfig) -> LogitsProcessorList:
-    """The warpers `generate()` applies when sampling with `config`, in its order: temperature, top-k, top-p. They
-    read the scores only, never the tokens so far."""
-    warpers = LogitsProcessorList()
-    if not config.do_sample:
-        return warpers
-    if config.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(config.temperature))
-    if config.top_k != 0:
-        warpers.append(TopKLogitsWarper(top_k=config.top_k))
-    if config.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p=config.top_p))
-    return warpers
-
-
-def draw_tokens(probs: torch.Tensor) -> torch.LongTensor:
-    """One token per row of `probs` `(N, V)`, drawn as `torch.multinomial(probs, 1)` draws it (its one-sample path:
-    the argmax of `probs` over exponential noise), so from the same generator state the same tokens. Unlike
-    `torch.multinomial`, it never asks the device whether `probs` is valid, a wait per token that a CUDA graph cannot
-    hold."""
-    return probs.div(torch.empty_like(probs).exponential_()).argmax(dim=-1)
-
-
-def _decode_step(model, tokens, state, sequences, position, unfinished, config, warpers):
-    """Token `position` of every caption, written into `sequences`; `unfinished` is updated in place."""
-    logits, _, state = model.step(tokens, state)
-    scores = warpers(sequences[:, :position], logits.float())
-    tokens = draw_tokens(torch.softmax(scores, dim=-1)) if config.do_sample else scores.argmax(dim=-1)
-    tokens = tokens.masked_fill(~unfinished, config.pad_token_id)
-    sequences[:, position] = tokens
-    unfinished &= tokens != config.eos_token_id
-    return tokens, state
-
-
-def _trim_after_last_end(sequences: torch.LongTensor, end: int) -> torch.LongTensor:
-    """`sequences` up to the end token of the caption that ends last, or whole if one never ends, as `generate()`
-    returns them."""
-    ended = sequences[:, 1:] == end
-    end_position = torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, sequences.shape[1] - 1)
-    return sequences[:, : int(end_position.max()) + 1]
-
-
-def _decode_steps(model, state, sequences, config, stops_early: bool) -> None:
-    """Writes a decoding from `state` into `sequences` (of `max_new_tokens + 1` columns). With `stops_early`, it stops
-    once every caption has ended, asked every few tokens; without, it decodes every step: what a CUDA graph holds,
-    where nothing can depend on the device's values."""
-    sequences.fill_(config.pad_token_id)
-    sequences[:, 0] = config.bos_token_id
-    tokens = sequences[:, 0].clone()
-    unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
-    warpers = logits_warpers(config)
-    for position in range(1, sequences.shape[1]):
-        tokens, state = _decode_step(model, tokens, state, sequences, position, unfinished, config, warpers)
-        if stops_early and position % STEPS_BETWEEN_END_CHECKS == 0 and not bool(unfinished.any()):
-            return
-
-
-def _state_tensors(state: Any) -> dict[str, torch.Tensor]:
-    return {name: value for name, value in vars(state).items() if isinstance(value, torch.Tensor)}
-
-
-class _DecodingGraph:
-    """
-    A whole decoding of `config.max_new_tokens` tokens captured as one CUDA graph, for one batch shape: replaying it
-    launches every kernel of every step at once, with no host work per token. Its input is the initial state, copied
-    into static buffers; it decodes every step, also past the end of the last caption, since a graph cannot stop
-    early. Parameters are read where they live, so updates in place (optimizer steps, `load_state_dict`) are seen.
-    Random draws come from the device's default generator, as in eager decoding.
-    """
-
-    def __init__(self, model: nn.Module, state: Any, config: GenerationConfig):
-        device = state.hidden.device
-        self.state = copy.copy(state)
-        for name, tensor in _state_tensors(state).items():
-            setattr(self.state, name, tensor.clone())
-        self.sequences = torch.empty(state.hidden.shape[1], config.max_new_tokens + 1, dtype=torch.long, device=device)
-        decode = functools.partial(_decode_steps, model, self.state, self.sequences, config, stops_early=False)
-        # autocast's cache of cast weights would be freed under the graph when autocast exits
-        autocast = torch.autocast(
-            "cuda", torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False
-        )
-        generator_state = torch.cuda.get_rng_state(device)
-        side_stream = torch.cuda.Stream(device)
-        side_stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side_stream), autocast:
-            decode()  # warm-up, as capture requires: lazy initialisations and the allocations of a first run
-        torch.cuda.current_stream(device).wait_stream(side_stream)
-        torch.cuda.set_rng_state(generator_state, device)  # the first replay draws what eager decoding would draw
-        self.graph = torch.cuda.CUDAGraph()
-        # thread-local: a data loader's pin-memory thread allocating during the capture must not break it
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), autocast:
-            decode()
-
-    def __call__(self, state: Any) -> torch.LongTensor:
-        for name, tensor in _state_tensors(state).items():
-            getattr(self.state, name).copy_(tensor)
-        self.graph.replay()
-        return self.sequences.clone()
-
-
-# The captured decodings of each network, most recently used last. A graph keeps the memory of its intermediates,
-# so only a few batch shapes are kept: RL training decodes the same few shapes at every step.
-_DECODING_GRAPHS: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
-MAX_DECODING_GRAPHS_PER_MODEL = 4
-_UNCAPTURABLE = object()
-
-
-def _graph_key(model: nn.Module, state: Any, config: GenerationConfig) -> tuple | None:
-    """What a captured decoding depends on, or None where a CUDA graph cannot hold it (not one CUDA device)."""
-    state_tensors, parameters = _state_tensors(state), list(model.parameters())
-    devices = {tensor.device for tensor in [*state_tensors.values(), *parameters]}
-    if len(devices) != 1 or next(iter(devices)).type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return None
-    return (
-        tuple((name, tensor.shape, tensor.dtype) for name, tensor in state_tensors.items()),
-        tuple(parameter.data_ptr() for parameter in parameters),
-        # dropout on or off is baked into the graph
-        tuple(
-            (module.training, getattr(module, "p", None), getattr(module, "dropout", None))
-            for module in model.modules()
-        ),
-        torch.is_autocast_enabled("cuda"),
-        torch.get_autocast_dtype("cuda"),
-        config.do_sample, config.temperature, config.top_k, config.top_p, config.max_new_tokens,
-        config.bos_token_id, config.eos_token_id, config.pad_token_id,
-    )  # fmt: skip
-
-
-def _graphed_decoding(model: nn.Module, state: Any, config: GenerationConfig) -> _DecodingGraph | None:
-    key = _graph_key(model, state, config)
-    if key is None:
-        return None
-    graphs = _DECODING_GRAPHS.setdefault(model, OrderedDict())
-    graph = graphs.get(key)
-    if graph is None:
-        try:
-            graph = _DecodingGraph(model, state, config)
-        except RuntimeError as error:  # an operation that a CUDA graph cannot capture: decode step by step
-            logger.warning_once(
-                f"Decoding step by step: this model's decoding cannot be captured as a CUDA graph ({error})."
-            )
-            graph = _UNCAPTURABLE
-        graphs[key] = graph
-        while len(graphs) > MAX_DECODING_GRAPHS_PER_MODEL:
-            graphs.popitem(last=False)
-    graphs.move_to_end(key)
-    return None if graph is _UNCAPTURABLE else graph
-
-
-_CUDA_GRAPHS = {"enabled": True}
-
-
-def use_cuda_graphs(enabled: bool) -> None:
-    """Whether [`decode_recurrent`] captures its decodings on CUDA devices as CUDA graphs (the default), e.g. to
-    compare with step-by-step decoding. Graphs captured already are kept for when they are used again; they are freed
-    with their model."""
-    _CUDA_GRAPHS["enabled"] = enabled
+def _step_logits(model: nn.Module, token_ids: torch.LongTensor, state: Any) -> tuple[torch.FloatTensor, Any]:
+    logits, _, next_state = model.step(token_ids, state)
+    return logits, next_state
 
 
 @torch.no_grad()
@@ -230,7 +38,7 @@ def decode_recurrent(
     generation_config=config)` does for a config that [`decodes_plainly`]. Call it in the mode to decode in.
 
     On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding after the image
-    encoding is one CUDA graph, captured at the first call for each batch shape (a few are kept per model); it draws
+    encoding is one CUDA graph, captured at the second call for each batch shape (a few are kept per model); it draws
     the same captions as step-by-step decoding. `initial_state`, the model's `initial_state(**image_inputs)` when
     computed already, saves encoding the same images again for another decoding of them.
 
@@ -238,19 +46,10 @@ def decode_recurrent(
         `torch.LongTensor` of shape `(num_images * num_return_sequences, length)`: the start token, then the caption,
         padded after its end token; `length` is that of the longest caption, as `generate()` returns it.
     """
-    if not decodes_plainly(config):
-        raise ValueError(f"decode_recurrent decodes greedily or samples, with nothing else set; got {config}.")
+    check_decodes_plainly(config)
     state = model.initial_state(**image_inputs) if initial_state is None else initial_state
     captions_per_image = config.num_return_sequences or 1
     if captions_per_image > 1:
         state = state.repeat_interleave(captions_per_image)
-    graph = None
-    if _CUDA_GRAPHS["enabled"] if cuda_graphs is None else cuda_graphs:
-        graph = _graphed_decoding(model, state, config)
-    if graph is not None:
-        return _trim_after_last_end(graph(state), config.eos_token_id)
-    sequences = torch.empty(
-        state.hidden.shape[1], config.max_new_tokens + 1, dtype=torch.long, device=state.hidden.device
-    )
-    _decode_steps(model, state, sequences, config, stops_early=True)
-    return _trim_after_last_end(sequences, config.eos_token_id)
+    step = functools.partial(_step_logits, model)
+    return decode_steps(model, step, state, state.hidden.shape[1], config, cuda_graphs)

@@ -39,8 +39,8 @@ from ..decoding import (
     repeat_image_inputs,
     selective_log_softmax,
 )
-from ..models.recurrent_decoding import logits_warpers
 from ..models.show_tell_rl import CACHE_NAME
+from ..models.step_decoding import logits_warpers
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .policy_gradient import policy_gradient_loss

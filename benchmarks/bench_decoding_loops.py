@@ -1,12 +1,14 @@
-"""The decoding loop of rlcaption's recurrent captioners against `generate()`, side by side in one run.
+"""The decoding loops of rlcaption (`rlcaption.models.step_decoding`) against `generate()`, side by side in one run.
 
-    python benchmarks/bench_recurrent_decoding.py [--device cuda] [--images 32 128 512] [--repeats 10]
+    python benchmarks/bench_decoding_loops.py [--device cuda] [--images 32 128 512] [--repeats 10]
+    python benchmarks/bench_decoding_loops.py --captioner blip --blip-size base --bf16 --device cuda --images 16 32
 
-For the published XE warm start (`checkpoints/show-tell-rl-shapes-xe`) on shapes test images, the two decodings RL
-training asks for — 5 samples per image (pure sampling) and the greedy caption — are timed three ways from the same
-seed, which draw the same captions (checked here too): the loop of `rlcaption.models.recurrent_decoding` captured as
-one CUDA graph (what training uses on a GPU; on a CPU the loop again), the loop step by step, and `generate()`.
-Medians of `--repeats` decodings after 2 of warm-up; the device is
+The captioner is the published XE warm start (`checkpoints/show-tell-rl-shapes-xe`, the default) or a BLIP with
+random weights (`--captioner blip`; `base`: the size of Salesforce/blip-image-captioning-base), on shapes test
+images. The two decodings RL training asks for — 5 samples per image (pure sampling) and the greedy caption — are
+timed three ways from the same seed, which draw the same captions (checked here too): the captioner's decoding loop
+captured as one CUDA graph (what training uses on a GPU; on a CPU the loop again), the loop step by step, and
+`generate()`. Each includes the image encoding. Medians of `--repeats` decodings after 2 of warm-up; the device is
 synchronised around each.
 """
 
@@ -21,13 +23,14 @@ from pathlib import Path
 import datasets
 import torch
 import transformers
+from gpu_check import make_blip
 from transformers import GenerationConfig
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.captioners import Captioner, captioner_for
 from rlcaption.data import load_shapes
 from rlcaption.decoding import evaluation_mode
-from rlcaption.models.recurrent_decoding import decode_recurrent
+from rlcaption.models.step_decoding import use_cuda_graphs
 
 WARM_START = Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe"
 DECODINGS = {
@@ -61,24 +64,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--images", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--captioner", choices=["show_tell", "blip"], default="show_tell")
+    parser.add_argument("--blip-size", choices=["base", "tiny"], default="tiny")
+    parser.add_argument("--bf16", action="store_true", help="Decode under bf16 autocast, as `--bf16` training does.")
     args = parser.parse_args(argv)
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
     device = torch.device(args.device)
-    model = ShowTellRL.from_pretrained(WARM_START).to(device)
-    processor = CaptionProcessor.from_pretrained(WARM_START)
     with tempfile.TemporaryDirectory() as cache_dir:
-        images = load_shapes(
+        shapes = load_shapes(
             num_train=4, num_validation=4, num_test=max(args.images), image_size=48, cache_dir=cache_dir
-        )["test"]["image"]
-    pixel_values = processor(images=images, return_tensors="pt")["pixel_values"].to(device)
+        )
+    if args.captioner == "show_tell":
+        model, processor = ShowTellRL.from_pretrained(WARM_START), CaptionProcessor.from_pretrained(WARM_START)
+    else:
+        image_size = 384 if args.blip_size == "base" else 16
+        captions = [caption for row in shapes["train"]["captions"] for caption in row]
+        model, processor = make_blip(captions, args.blip_size, image_size)
+    model.to(device)
+    pixel_values = processor(images=list(shapes["test"]["image"]), return_tensors="pt")["pixel_values"].to(device)
     captioner = captioner_for(model)
     print(
-        "| decoding | images | CUDA graph ms | loop ms | generate() ms | loop / graph | generate() / graph "
-        f"| same captions |  ({device})"
+        f"| decoding | images | CUDA graph ms | loop ms | generate() ms | loop / graph | generate() / graph "
+        f"| same captions |  ({type(model).__name__}, {device}{', bf16' if args.bf16 else ''})"
     )
     print("|---|---|---|---|---|---|---|---|")
-    with evaluation_mode(model):
+    autocast = torch.autocast(device.type, torch.bfloat16, enabled=args.bf16)
+    with evaluation_mode(model), autocast:
         for name, config in DECODINGS.items():
             for count in args.images:
                 times, same = compare(captioner, {"pixel_values": pixel_values[:count]}, config, args)
@@ -90,15 +102,23 @@ def main(argv: list[str] | None = None) -> None:
                 )
 
 
+def decode_in_loop(captioner: Captioner, inputs, config: GenerationConfig, cuda_graphs: bool) -> torch.Tensor:
+    use_cuda_graphs(cuda_graphs)
+    try:
+        return captioner.generate(inputs, config)
+    finally:
+        use_cuda_graphs(True)
+
+
 def compare(captioner: Captioner, inputs, config: GenerationConfig, args) -> tuple[list[float], bool]:
     """Milliseconds of the loop as one CUDA graph (on a GPU; the loop itself elsewhere), of the loop step by step and
     of `generate()`, and whether all three decoded the same captions."""
     device = torch.device(args.device)
     complete = captioner.complete_generation_config(config)
     decodings = [
-        lambda: decode_recurrent(captioner.recurrent_network, inputs, complete, cuda_graphs=True),
-        lambda: decode_recurrent(captioner.recurrent_network, inputs, complete, cuda_graphs=False),
-        lambda: Captioner._call_generate(captioner, inputs, complete),
+        lambda: decode_in_loop(captioner, inputs, complete, cuda_graphs=True),
+        lambda: decode_in_loop(captioner, inputs, complete, cuda_graphs=False),
+        lambda: captioner.generate(inputs, complete, decoding_loop=False),
     ]
     timings = [time_decoding(decode, device, args.repeats) for decode in decodings]
     sequences = [sequences for _, sequences in timings]

@@ -1,0 +1,285 @@
+"""
+Sampling and greedy decoding in one tight loop over a captioner's step function (a token in, the next token's logits
+out), for the plain settings RL training decodes with: the loop behind [`decode_recurrent`] and [`decode_blip`].
+
+`generate()` is general: at every token it prepares model inputs, runs its logits processors and stopping criteria
+and asks the device whether every caption has ended. A step of a captioner's decoder costs a GPU much less than
+that bookkeeping costs the host, and each question stalls the host until the device has caught up, so on a GPU
+`generate()` leaves the device idle most of the time. This loop computes the same thing — the same network calls,
+the same logits warpers in the same order, the same draw from torch's generator, so the same sequences for the same
+seed — and asks whether all captions have ended only every few tokens. On a GPU it goes further: the whole decoding
+after the image encoding is captured once as a CUDA graph and replayed, one launch for every kernel of every token.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    GenerationConfig,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.utils import logging
+
+__all__ = [
+    "check_decodes_plainly",
+    "decode_steps",
+    "decodes_plainly",
+    "draw_tokens",
+    "logits_warpers",
+    "use_cuda_graphs",
+]
+
+logger = logging.get_logger(__name__)
+
+# The settings this loop honours; any other setting a config changes from the library defaults is left to generate().
+PLAIN_SETTINGS = frozenset(
+    {
+        "do_sample", "num_beams", "temperature", "top_k", "top_p", "max_new_tokens", "num_return_sequences",
+        "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "_from_model_config",
+    }
+)  # fmt: skip
+# Tokens decoded between two checks of whether every caption has ended: each check waits for the device, and a few
+# steps past the end of the last caption cost less than a wait per token.
+STEPS_BETWEEN_END_CHECKS = 4
+
+
+def decodes_plainly(config: GenerationConfig) -> bool:
+    """Whether [`decode_steps`] decodes `config` exactly as `generate()` would: one beam, greedy or sampled with
+    temperature, top-k and top-p given explicitly, a token budget, and nothing else."""
+    if config.num_beams not in (None, 1) or config.max_new_tokens is None:
+        return False
+    if config.do_sample and None in (config.temperature, config.top_k, config.top_p):
+        return False  # generate() would fill these from its own defaults
+    return set(config.to_diff_dict()) <= PLAIN_SETTINGS
+
+
+def check_decodes_plainly(config: GenerationConfig) -> None:
+    """Raises for a config that [`decode_steps`] cannot decode as `generate()` would."""
+    if not decodes_plainly(config):
+        raise ValueError(
+            f"This loop decodes greedily or samples, with nothing else set; got {config}. Decode other settings "
+            "(beam search, penalties, length constraints) with the model's `generate()`."
+        )
+
+
+def logits_warpers(config: GenerationConfig) -> LogitsProcessorList:
+    """The warpers `generate()` applies when sampling with `config`, in its order: temperature, top-k, top-p. They
+    read the scores only, never the tokens so far."""
+    warpers = LogitsProcessorList()
+    if not config.do_sample:
+        return warpers
+    if config.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(config.temperature))
+    if config.top_k != 0:
+        warpers.append(TopKLogitsWarper(top_k=config.top_k))
+    if config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=config.top_p))
+    return warpers
+
+
+def draw_tokens(probs: torch.Tensor) -> torch.LongTensor:
+    """One token per row of `probs` `(N, V)`, drawn as `torch.multinomial(probs, 1)` draws it (its one-sample path:
+    the argmax of `probs` over exponential noise), so from the same generator state the same tokens. Unlike
+    `torch.multinomial`, it never asks the device whether `probs` is valid, a wait per token that a CUDA graph cannot
+    hold."""
+    return probs.div(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+
+
+def _decode_step(step, tokens, state, sequences, position, unfinished, config, warpers):
+    """Token `position` of every caption, written into `sequences`; `unfinished` is updated in place."""
+    logits, state = step(tokens, state)
+    scores = warpers(sequences[:, :position], logits.float())
+    tokens = draw_tokens(torch.softmax(scores, dim=-1)) if config.do_sample else scores.argmax(dim=-1)
+    tokens = tokens.masked_fill(~unfinished, config.pad_token_id)
+    sequences[:, position] = tokens
+    unfinished &= tokens != config.eos_token_id
+    return tokens, state
+
+
+def _trim_after_last_end(sequences: torch.LongTensor, end: int) -> torch.LongTensor:
+    """`sequences` up to the end token of the caption that ends last, or whole if one never ends, as `generate()`
+    returns them."""
+    ended = sequences[:, 1:] == end
+    end_position = torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, sequences.shape[1] - 1)
+    return sequences[:, : int(end_position.max()) + 1]
+
+
+def _decode_steps(step, state, sequences, config, stops_early: bool) -> None:
+    """Writes a decoding from `state` into `sequences` (of `max_new_tokens + 1` columns). With `stops_early`, it stops
+    once every caption has ended, asked every few tokens; without, it decodes every step: what a CUDA graph holds,
+    where nothing can depend on the device's values."""
+    sequences.fill_(config.pad_token_id)
+    sequences[:, 0] = config.bos_token_id
+    tokens = sequences[:, 0].clone()
+    unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+    warpers = logits_warpers(config)
+    for position in range(1, sequences.shape[1]):
+        tokens, state = _decode_step(step, tokens, state, sequences, position, unfinished, config, warpers)
+        if stops_early and position % STEPS_BETWEEN_END_CHECKS == 0 and not bool(unfinished.any()):
+            return
+
+
+def _state_tensors(state: Any) -> dict[str, torch.Tensor]:
+    return {name: value for name, value in vars(state).items() if isinstance(value, torch.Tensor)}
+
+
+def _state_device(state: Any) -> torch.device:
+    """Where the captions are decoded: the device of the state's first tensor."""
+    return next(iter(_state_tensors(state).values())).device
+
+
+class _DecodingGraph:
+    """
+    A whole decoding of `config.max_new_tokens` tokens captured as one CUDA graph, for one batch shape: replaying it
+    launches every kernel of every step at once, with no host work per token. Its input is the initial state's
+    tensors, copied into static buffers; it decodes every step, also past the end of the last caption, since a graph
+    cannot stop early. Parameters are read where they live, so updates in place (optimizer steps, `load_state_dict`)
+    are seen. Random draws come from the device's default generator, as in eager decoding.
+    """
+
+    def __init__(self, step: Callable, state: Any, num_captions: int, config: GenerationConfig):
+        device = _state_device(state)
+        self.state = copy.copy(state)
+        for name, tensor in _state_tensors(state).items():
+            setattr(self.state, name, tensor.clone())
+        self.sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=device)
+        decode = functools.partial(_decode_steps, step, self.state, self.sequences, config, stops_early=False)
+        # autocast's cache of cast weights would be freed under the graph when autocast exits
+        autocast = torch.autocast(
+            "cuda", torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False
+        )
+        generator_state = torch.cuda.get_rng_state(device)
+        side_stream = torch.cuda.Stream(device)
+        side_stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side_stream), autocast:
+            decode()  # warm-up, as capture requires: lazy initialisations and the allocations of a first run
+        torch.cuda.current_stream(device).wait_stream(side_stream)
+        torch.cuda.set_rng_state(generator_state, device)  # the first replay draws what eager decoding would draw
+        self.graph = torch.cuda.CUDAGraph()
+        # thread-local: a data loader's pin-memory thread allocating during the capture must not break it
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), autocast:
+            decode()
+
+    def __call__(self, state: Any) -> torch.LongTensor:
+        for name, tensor in _state_tensors(state).items():
+            getattr(self.state, name).copy_(tensor)
+        self.graph.replay()
+        return self.sequences.clone()
+
+
+# The captured decodings of each network, most recently used last. A graph keeps the memory of its intermediates,
+# so only a few batch shapes are kept: RL training decodes the same few shapes at every step.
+_DECODING_GRAPHS: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
+MAX_DECODING_GRAPHS_PER_MODEL = 4
+_UNCAPTURABLE = object()
+# The batch shapes each network decoded once, most recent last. A shape's graph is captured at its second decoding:
+# shapes that change at almost every batch (region features padded to each batch's largest count, a last smaller
+# batch) are then decoded step by step, instead of each costing a capture and evicting the graphs that are reused.
+_SHAPES_DECODED_ONCE: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
+MAX_SHAPES_REMEMBERED_PER_MODEL = 64
+
+
+def _graph_key(model: nn.Module, state: Any, num_captions: int, config: GenerationConfig) -> tuple | None:
+    """What a captured decoding depends on, or None where a CUDA graph cannot hold it (not one CUDA device)."""
+    state_tensors, parameters = _state_tensors(state), list(model.parameters())
+    devices = {tensor.device for tensor in [*state_tensors.values(), *parameters]}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return None
+    return (
+        num_captions,
+        tuple((name, tensor.shape, tensor.dtype) for name, tensor in state_tensors.items()),
+        tuple(parameter.data_ptr() for parameter in parameters),
+        # dropout on or off is baked into the graph
+        tuple(
+            (module.training, getattr(module, "p", None), getattr(module, "dropout", None))
+            for module in model.modules()
+        ),
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+        config.do_sample, config.temperature, config.top_k, config.top_p, config.max_new_tokens,
+        config.bos_token_id, config.eos_token_id, config.pad_token_id,
+    )  # fmt: skip
+
+
+def _graphed_decoding(
+    model: nn.Module, step: Callable, state: Any, num_captions: int, config: GenerationConfig
+) -> _DecodingGraph | None:
+    key = _graph_key(model, state, num_captions, config)
+    if key is None:
+        return None
+    graphs = _DECODING_GRAPHS.setdefault(model, OrderedDict())
+    graph = graphs.get(key)
+    if graph is None:
+        decoded_once = _SHAPES_DECODED_ONCE.setdefault(model, OrderedDict())
+        if key not in decoded_once:
+            decoded_once[key] = None
+            while len(decoded_once) > MAX_SHAPES_REMEMBERED_PER_MODEL:
+                decoded_once.popitem(last=False)
+            return None
+        del decoded_once[key]
+        try:
+            graph = _DecodingGraph(step, state, num_captions, config)
+        except RuntimeError as error:  # an operation that a CUDA graph cannot capture: decode step by step
+            logger.warning_once(
+                f"Decoding step by step: this model's decoding cannot be captured as a CUDA graph ({error})."
+            )
+            graph = _UNCAPTURABLE
+        graphs[key] = graph
+        while len(graphs) > MAX_DECODING_GRAPHS_PER_MODEL:
+            graphs.popitem(last=False)
+    graphs.move_to_end(key)
+    return None if graph is _UNCAPTURABLE else graph
+
+
+_CUDA_GRAPHS = {"enabled": True}
+
+
+def use_cuda_graphs(enabled: bool) -> None:
+    """Whether [`decode_steps`] captures its decodings on CUDA devices as CUDA graphs (the default), e.g. to compare
+    with step-by-step decoding. Graphs captured already are kept for when they are used again; they are freed with
+    their model."""
+    _CUDA_GRAPHS["enabled"] = enabled
+
+
+@torch.no_grad()
+def decode_steps(
+    model: nn.Module,
+    step: Callable[[torch.LongTensor, Any], tuple[torch.FloatTensor, Any]],
+    state: Any,
+    num_captions: int,
+    config: GenerationConfig,
+    cuda_graphs: bool | None = None,
+) -> torch.LongTensor:
+    """
+    Decodes `num_captions` captions from `state` with `step(token_ids, state) -> (next_token_logits, next_state)`, as
+    `generate()` does for a config that [`decodes_plainly`]. `step` must not modify the tensors of the state it is
+    given: a CUDA graph of the decoding reads its initial state at every replay.
+
+    On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding is one CUDA
+    graph, captured at the second call for each batch shape (a few are kept per `model`, the module whose parameters
+    `step` reads); it draws the same captions as step-by-step decoding.
+
+    Returns:
+        `torch.LongTensor` of shape `(num_captions, length)`: the start token, then the caption, padded after its end
+        token; `length` is that of the longest caption, as `generate()` returns it.
+    """
+    check_decodes_plainly(config)
+    graph = None
+    if _CUDA_GRAPHS["enabled"] if cuda_graphs is None else cuda_graphs:
+        graph = _graphed_decoding(model, step, state, num_captions, config)
+    if graph is not None:
+        return _trim_after_last_end(graph(state), config.eos_token_id)
+    sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=_state_device(state))
+    _decode_steps(step, state, sequences, config, stops_early=True)
+    return _trim_after_last_end(sequences, config.eos_token_id)

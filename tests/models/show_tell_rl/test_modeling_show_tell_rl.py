@@ -155,9 +155,10 @@ def test_full_forward_equals_prefix_then_cached_steps(image_kind):
     assert cache.get_seq_length() == 7
 
 
+@pytest.mark.parametrize("image_attention", [False, True], ids=["mean", "attention"])
 @pytest.mark.parametrize("padding_side", ["right", "left"])
-def test_padding_leaves_the_state_unchanged(padding_side):
-    model = tiny_model()
+def test_padding_leaves_the_state_unchanged(padding_side, image_attention):
+    model = tiny_model(image_attention=image_attention)
     ids, pixels = random_captions(2, 6), random_pixels(2)
     short = ids[:1, :4]
     padded = ids.clone()
@@ -173,9 +174,18 @@ def test_padding_leaves_the_state_unchanged(padding_side):
         valid_logits = out.logits[0, 2:]
     alone = model(short, pixel_values=pixels[:1])
     torch.testing.assert_close(valid_logits, alone.logits[0])
-    # without a cache to return (training), right padding takes the single-call path: same scored logits
+    # without a cache to return (training), right padding takes the single-call path, or with attention the loop
+    # without carrying the state through padding: same scored logits, and the same gradients of what is scored
     no_cache = model(padded, pixel_values=pixels, attention_mask=mask, use_cache=False).logits[0]
     torch.testing.assert_close(no_cache[:4] if padding_side == "right" else no_cache[2:], alone.logits[0])
+    gradients = []
+    for use_cache in (True, False):
+        model.zero_grad()
+        logits = model(padded, pixel_values=pixels, attention_mask=mask, use_cache=use_cache).logits
+        logits.logsumexp(dim=-1).mul(mask).sum().backward()
+        gradients.append([parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None])
+    for with_cache, without in zip(*gradients, strict=True):
+        torch.testing.assert_close(with_cache, without)
     torch.testing.assert_close(getattr(out, CACHE_NAME).hidden[:, :1], getattr(alone, CACHE_NAME).hidden)
     torch.testing.assert_close(getattr(out, CACHE_NAME).cell[:, :1], getattr(alone, CACHE_NAME).cell)
     # the unpadded row is untouched by the other row's padding

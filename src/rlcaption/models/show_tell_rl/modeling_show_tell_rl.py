@@ -92,6 +92,12 @@ def _is_inside_conv_encoder(model: nn.Module, module: nn.Module) -> bool:
     return isinstance(encoder, ConvImageEncoder) and any(module is layer for layer in encoder.blocks)
 
 
+def _is_right_padded(step_mask: torch.Tensor) -> bool:
+    """Whether every row of `step_mask` `(B, T)` is its tokens, then only padding."""
+    positions = torch.arange(step_mask.shape[1], device=step_mask.device)
+    return bool((step_mask == (positions[None, :] < step_mask.sum(dim=1)[:, None])).all())
+
+
 class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
     """Show-and-Tell LSTM captioner (Liu et al. 2017), with attention over the image grid as an option.
 
@@ -356,8 +362,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             outputs, final_state = self.lstm(inputs, state)
             return outputs, final_state
         lengths = step_mask.sum(dim=1)
-        positions = torch.arange(inputs.shape[1], device=step_mask.device)
-        is_right_padded = bool((step_mask == (positions[None, :] < lengths[:, None])).all())
+        is_right_padded = _is_right_padded(step_mask)
         if is_right_padded and not need_final_state:
             # teacher forcing: right padding comes after every scored position, so one plain call is exact there
             outputs, final_state = self.lstm(inputs, state)
@@ -479,6 +484,10 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         step_mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1] :].bool()
         word_embeddings = self.word_embeddings(input_ids)  # (B, T, W)
         if self.config.image_attention:
+            if step_mask is not None and not use_cache and _is_right_padded(step_mask):
+                # teacher forcing: right padding comes after every scored position, so carrying the state through it
+                # unchanged changes no scored output; what it would cost is three selections per token
+                step_mask = None
             # each step's input depends on the previous step's attention: one step at a time
             outputs, _, final_state = self._decode_stepwise(word_embeddings, state, step_mask)
         else:

@@ -15,7 +15,7 @@ random weights and a `BlipProcessor` built here.
    the reward calls. The device is synchronised around each timed part, so shares are of wall time. Each objective
    trains its own copy of the model and their steps are interleaved, so that load on the machine hits them alike. On
    a GPU the `ShowTellRL` rows are measured twice in the same loop: decoding as CUDA graphs (the default) and step by
-   step.
+   step; with `--reward-processes N` a third time, with the CIDEr-D reward computed in N worker processes.
 3. Throughput. Images per second of the `ShowTellRL` SCST step as the batch grows: close to linear until the device
    is busy, flat once it is.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import copy
+import dataclasses
 import json
 import os
 import platform
@@ -226,12 +227,27 @@ def make_blip(processor_captions: list[str], size: str, image_size: int):
     return model, processor
 
 
-def make_trainer(objective, model, processor, dataset, batch_size, device, bf16, scratch) -> RLCaptionTrainer:
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """How an RL step runs: decodings as CUDA graphs or step by step, rewards in worker processes or in process."""
+
+    cuda_graphs: bool = True
+    reward_processes: int = 0
+
+    def describe(self) -> str:
+        parts = [] if self.cuda_graphs else ["step-by-step decoding"]
+        parts += [f"rewards in {self.reward_processes} processes"] if self.reward_processes else []
+        return ", ".join(parts)
+
+
+def make_trainer(
+    objective, model, processor, dataset, batch_size, device, bf16, scratch, reward_processes: int = 0
+) -> RLCaptionTrainer:
     config = RLCaptionConfig(
         output_dir=str(scratch / "budget" / objective), use_cpu=device.type == "cpu", bf16=bf16, objective=objective,
         per_device_train_batch_size=batch_size, learning_rate=LEARNING_RATES[objective], max_caption_length=20,
         reward_funcs=["cider"], num_samples_per_image=5, baseline="greedy", save_strategy="no", eval_strategy="no",
-        report_to=[], disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        report_to=[], disable_tqdm=True, seed=0, dataloader_num_workers=0, reward_processes=reward_processes,
         **({"num_paths_per_image": 1, "num_rollouts": 3} if objective == "spider_pg" else {}),
     )  # fmt: skip
     trainer = RLCaptionTrainer(model=model, args=config, processing_class=processor, train_dataset=dataset)
@@ -295,17 +311,20 @@ class StepTimer:
 
 
 def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes, warmup, repeats, scratch, variants):
-    """A row per batch size and decoding variant (`True`: CUDA graphs, `False`: step by step) with the median step of
-    each objective. Every objective and variant of a batch size trains its own copy of the model, and their steps are
-    interleaved repeat by repeat, so that load on the machine hits them alike; XE decodes nothing and runs once."""
+    """A row per batch size and [`Variant`] with the median step of each objective. Every objective and variant of a
+    batch size trains its own copy of the model, and their steps are interleaved repeat by repeat, so that load on the
+    machine hits them alike; XE decodes and rewards nothing and runs once."""
     rows = []
     for batch_size in batch_sizes:
         timers = {}
         for objective in objectives:
-            for cuda_graphs in variants if objective != "xe" else (True,):
+            for variant in variants if objective != "xe" else (Variant(),):
                 model, processor = build()
-                trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
-                timers[objective, cuda_graphs] = StepTimer(trainer, cuda_graphs)
+                trainer = make_trainer(
+                    objective, model, processor, shapes["train"], batch_size, device, bf16, scratch,
+                    variant.reward_processes,
+                )  # fmt: skip
+                timers[objective, variant] = StepTimer(trainer, variant.cuda_graphs)
         rollout_watch = Stopwatch(spider_pg_module, "sample_rollouts", device)
         try:
             for repeat in range(warmup + repeats):
@@ -314,11 +333,15 @@ def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes
         finally:
             rollout_watch.restore()
         summaries = {key: timer.summary(batch_size) for key, timer in timers.items()}
-        for cuda_graphs in variants:
-            name = model_name if cuda_graphs else f"{model_name}, step-by-step decoding"
+        for variant in variants:
+            name = ", ".join(filter(None, [model_name, variant.describe()]))
             row = {"model": name, "images": batch_size, "precision": "bf16" if bf16 else "fp32"}
-            row.update({objective: summaries[objective, cuda_graphs or objective == "xe"] for objective in objectives})
+            for objective in objectives:
+                row[objective] = summaries[objective, Variant() if objective == "xe" else variant]
             rows.append(row)
+        for timer in timers.values():
+            if timer.trainer.reward_mix is not None:
+                timer.trainer.reward_mix.close()
         del timers
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -407,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10, help="Timed steps (median).")
     parser.add_argument("--skip-blip", action="store_true", help="No BLIP-base-size rows.")
     parser.add_argument("--skip-budget", action="store_true", help="Recipes only (part 1).")
+    parser.add_argument(
+        "--reward-processes", type=int, default=0,
+        help="Also time the ShowTellRL steps with their rewards in this many worker processes.",
+    )  # fmt: skip
     parser.add_argument("--profile", type=Path, help="Also profile one ShowTellRL SCST step into this text file.")
     parser.add_argument("--output", type=Path, default=Path("runs/benchmarks/gpu_check.json"))
     args = parser.parse_args(argv)
@@ -444,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = load_shapes(num_train=1024, num_validation=8, num_test=8, image_size=48, cache_dir=scratch / "datasets")
     show_tell = lambda: (ShowTellRL.from_pretrained(WARM_START), CaptionProcessor.from_pretrained(WARM_START))  # noqa: E731
     # on a GPU, also with every decoding step by step: what the decoding graphs save
-    variants = (True, False) if device.type == "cuda" else (True,)
+    variants = [Variant(), Variant(cuda_graphs=False)] if device.type == "cuda" else [Variant()]
+    if args.reward_processes:
+        variants.append(Variant(reward_processes=args.reward_processes))
     budget = step_budget(
         "ShowTellRL (XE warm start)", show_tell, ("xe", "scst", "spider_pg"), sizes["show_tell"], device, False,
         shapes, args.warmup, args.repeats, scratch, variants,
@@ -456,12 +485,12 @@ def main(argv: list[str] | None = None) -> int:
         blip = lambda: make_blip(captions, sizes["blip_size"], image_size)  # noqa: E731
         budget += step_budget(
             f"BLIP-{sizes['blip_size']}-size (random weights)", blip, ("xe", "scst"), sizes["blip"], device, True,
-            shapes, args.warmup, args.repeats, scratch, (True,),
+            shapes, args.warmup, args.repeats, scratch, [Variant()],
         )  # fmt: skip
         report("budget", budget, budget_table(budget[-len(sizes["blip"]) :]))
     curve = step_budget(
         "ShowTellRL (XE warm start)", show_tell, ("scst",), sizes["curve"], device, False, shapes,
-        args.warmup, args.repeats, scratch, (True,),
+        args.warmup, args.repeats, scratch, [Variant()],
     )  # fmt: skip
     report("curve", curve, "ShowTellRL SCST throughput (5 samples per image):\n\n" + curve_table(curve))
     if args.profile:

@@ -106,6 +106,17 @@ class RLCaptionConfig(TrainingArguments):
         },
     )
 
+    reward_processes: int = field(
+        default=0,
+        metadata={
+            "help": "Worker processes that compute the rewards which score each caption on its own (CIDEr-D, BLEU, "
+            "ROUGE-L; see `RewardMix.use_processes`), each on a share of a step's captions: on a GPU these Python "
+            "rewards can cost a step more than the model's forward and backward. 0: in the training process. "
+            'Each training process starts its own; a training script then needs the `if __name__ == "__main__":` '
+            "guard."
+        },
+    )
+
     # > Sampling
     num_samples_per_image: int = field(
         default=5,
@@ -280,6 +291,10 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
+        if self.reward_processes < 0:
+            raise ValueError(
+                f"reward_processes must be >= 0 (0: rewards in the training process), got {self.reward_processes}."
+            )
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
         if self.top_k < 0:

@@ -22,6 +22,7 @@ def test_defaults_keep_dataset_columns_and_run_offline(tmp_path):
         ({"baseline": "mean_of_others", "num_samples_per_image": 1}, "mean_of_others"),
         ({"reward_funcs": []}, "reward_funcs is empty"),
         ({"temperature": 0.0}, "temperature"),
+        ({"reward_processes": -1}, "reward_processes must be >= 0"),
     ],
 )
 def test_invalid_settings_are_rejected_with_the_bad_value(tmp_path, overrides, message):

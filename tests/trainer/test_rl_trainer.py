@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from rlcaption.data import CaptionCollator
 from rlcaption.rewards import get_reward
+from rlcaption.rewards import processes as reward_processes_module
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, forward_through
 from rlcaption.trainer.rl_trainer import check_data_parallel
 from tiny_captioners import make_vision_encoder_decoder
@@ -83,6 +84,43 @@ def test_scst_logs_each_reward_and_the_greedy_baseline(tiny_model, tiny_processo
     total = logged(trainer, "reward")[0]
     cider, bleu = logged(trainer, "reward/cider/mean")[0], logged(trainer, "reward/bleu_4/mean")[0]
     assert total == pytest.approx(cider + 0.5 * bleu, rel=1e-6, abs=1e-9)
+
+
+def recording(function, calls: list):
+    """`function`, appending the arguments of each call to `calls`."""
+
+    def recorded(*args):
+        calls.append(args)
+        return function(*args)
+
+    return recorded
+
+
+@pytest.mark.slow
+def test_rewards_in_worker_processes_train_as_in_the_training_process(
+    tiny_processor, tiny_shapes, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(reward_processes_module, "MIN_ROWS_PER_SHARE", 2)  # this tiny batch's 12 captions split too
+    runs = {}
+    for reward_processes in (0, 2):
+        model = make_tiny_model(tiny_processor)
+        trainer = make_trainer(
+            model, tiny_processor, tiny_shapes, tmp_path / str(reward_processes), objective="scst",
+            reward_funcs=["cider", "bleu"], reward_processes=reward_processes,
+        )  # fmt: skip
+        assert list(trainer.reward_mix._in_processes) == ([0, 1] if reward_processes else [])
+        shares = []
+        if reward_processes:
+            executor = trainer.reward_mix._processes._executor
+            monkeypatch.setattr(executor, "submit", recording(executor.submit, shares))
+        trainer.train()
+        # 3 steps, each scoring samples and greedy captions with 2 rewards, each call in 2 shares
+        assert len(shares) == (3 * 2 * 2 * 2 if reward_processes else 0)
+        runs[reward_processes] = (logged(trainer, "reward"), logged(trainer, "greedy/cider/mean"), model)
+        trainer.reward_mix.close()
+    assert runs[0][0] == runs[2][0] and runs[0][1] == runs[2][1] and len(runs[0][0]) == 3
+    for in_process, in_processes in zip(runs[0][2].parameters(), runs[2][2].parameters(), strict=True):
+        torch.testing.assert_close(in_processes, in_process, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("baseline", ["greedy", "mean_of_others"])

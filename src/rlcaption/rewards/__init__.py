@@ -38,6 +38,7 @@ from .metric_rewards import (
     SpiderReward,
 )
 from .mix import RewardMix
+from .processes import RewardProcesses, scores_captions_independently
 from .registry import available_rewards, get_reward, register_reward, reward_parameters, reward_reads_images
 
 __all__ = [
@@ -56,6 +57,8 @@ __all__ = [
     "get_reward",
     "available_rewards",
     "RewardMix",
+    "RewardProcesses",
+    "scores_captions_independently",
     "MetricReward",
     "CiderReward",
     "BleuReward",

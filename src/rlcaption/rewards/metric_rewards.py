@@ -152,6 +152,11 @@ class CiderReward(MetricReward):
     # code); the scorer gives an empty completion 0.0
     _scores_empty_completions = True
 
+    @property
+    def scores_captions_independently(self) -> bool:
+        # with document frequencies from each call's references, a caption's reward depends on the call's other rows
+        return self.scorer is not None
+
     def __init__(
         self,
         document_frequencies: DocumentFrequencies | str | os.PathLike | Sequence[Sequence[str]] | None = None,
@@ -238,6 +243,8 @@ class BleuReward(MetricReward):
         n (`int`, defaults to 4): the n-gram order of the BLEU score returned (BLEU-n uses orders 1..n).
     """
 
+    scores_captions_independently = True
+
     def __init__(self, n: int = 4):
         if n < 1:
             raise ValueError(f"n={n}: BLEU needs an n-gram order of at least 1.")
@@ -256,6 +263,8 @@ class BleuReward(MetricReward):
 @register_reward("rouge_l")
 class RougeReward(MetricReward):
     """Per-image ROUGE-L (F-measure with beta = 1.2, as the COCO code) of each completion."""
+
+    scores_captions_independently = True
 
     def __init__(self):
         self.__name__ = "rouge_l"

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .base import GroupRewardFunc, RewardFunc, group_sizes, is_group_reward, prepare_reward, reward_name
+from .processes import RewardProcesses, scores_captions_independently
 from .registry import get_reward
 
 __all__ = ["RewardMix"]
@@ -61,6 +62,8 @@ class RewardMix:
         self.__name__ = "+".join(self.names) if len(self.names) > 1 else self.names[0]
         # the parameters each function names in its signature: only those receive image tensors row by row
         self._named_parameters = [_named_parameters(func) for func in resolved]
+        self._processes: RewardProcesses | None = None
+        self._in_processes: dict[int, int] = {}  # function index -> its index in the processes
 
     @staticmethod
     def _unique_names(names: list[str]) -> list[str]:
@@ -80,6 +83,38 @@ class RewardMix:
         """
         for func in self.funcs:
             prepare_reward(func, train_dataset, processor)
+
+    def use_processes(self, num_processes: int) -> list[str]:
+        """
+        Computes the functions that score each caption independently of the others
+        ([`scores_captions_independently`]: CIDEr-D with fixed document frequencies, BLEU, ROUGE-L) and read no image
+        tensor in `num_processes` worker processes, each call of [`score_groups`] split by rows over them: the same
+        values, with the host's other cores. 0 computes everything in this process again.
+
+        Call it after [`prepare`]: the functions are copied into the processes now, with their state.
+
+        Returns:
+            the names of the functions computed in the processes.
+        """
+        self.close()
+        chosen = [
+            index
+            for index, func in enumerate(self.funcs)
+            if callable(func)
+            and not is_group_reward(func)
+            and not isinstance(func, RewardMix)
+            and scores_captions_independently(func)
+        ]
+        if num_processes > 0 and chosen:
+            self._processes = RewardProcesses([self.funcs[index] for index in chosen], num_processes)
+            self._in_processes = {index: position for position, index in enumerate(chosen)}
+        return [self.names[index] for index in self._in_processes]
+
+    def close(self) -> None:
+        """Stops the worker processes of [`use_processes`], if any."""
+        if self._processes is not None:
+            self._processes.close()
+        self._processes, self._in_processes = None, {}
 
     def score(self, **inputs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Calls every reward function with `inputs` (`completions=`, `references=`, columns), one row per completion.
@@ -192,12 +227,16 @@ class RewardMix:
             return expanded[column]
 
         components = {}
-        for name, func, named in zip(self.names, self.funcs, self._named_parameters, strict=True):
+        for index, (name, func, named) in enumerate(zip(self.names, self.funcs, self._named_parameters, strict=True)):
             if isinstance(func, RewardMix):
                 values, _ = func.score_groups(completions=completions, references=references, **image_columns)
             elif is_group_reward(func):
                 grouped = func.score_groups(completions=completions, references=references, **image_columns)
                 values = _flattened_groups(name, grouped, sizes, label)
+            elif index in self._in_processes and not named & set(arrays):
+                values = self._processes.score(
+                    self._in_processes[index], flat_completions, flat_references, **repeated
+                )
             else:
                 columns = dict(repeated)
                 columns.update({column: expand(column) for column in arrays if column in named})

@@ -329,6 +329,14 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         reward_mix = RewardMix(built, weights=self.args.reward_weights)
         # once, before training: CIDEr-D's document frequencies of the training references, image embeddings, ...
         reward_mix.prepare(train_dataset, self.processing_class)
+        if self.args.reward_processes:
+            in_processes = reward_mix.use_processes(self.args.reward_processes)
+            if not in_processes:
+                logger.warning(
+                    f"reward_processes={self.args.reward_processes}, but no reward of {reward_mix!r} can be split "
+                    "over processes (none declares `scores_captions_independently`): every reward is computed in "
+                    "the training process."
+                )
         return reward_mix
 
     def compute_rewards(

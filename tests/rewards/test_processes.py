@@ -1,0 +1,126 @@
+"""Rewards computed in worker processes (`RewardMix.use_processes`): the same values as in the training process, only
+for the rewards that score each caption on its own, and errors that name the problem as they would in process."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from rlcaption.data import load_shapes
+from rlcaption.rewards import CiderReward, RewardMix
+
+
+def process_id(*, completions, references, **columns):
+    """Where each row was scored."""
+    return [float(os.getpid())] * len(completions)
+
+
+process_id.scores_captions_independently = True
+
+
+def process_id_of_pixels(*, completions, references, pixel_values=None, **columns):
+    return [float(os.getpid())] * len(completions)
+
+
+process_id_of_pixels.scores_captions_independently = True
+
+
+def rows_in_call(*, completions, references, **columns):
+    """How many rows the call that scored each row had."""
+    return [float(len(completions))] * len(completions)
+
+
+rows_in_call.scores_captions_independently = True
+
+
+def caption_length(*, completions, references, **columns):
+    return [float(len(completion.split())) for completion in completions]
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    train = load_shapes(
+        num_train=48, num_validation=4, num_test=4, image_size=48, cache_dir=tmp_path_factory.mktemp("shapes")
+    )["train"]
+    references = train["captions"][:40]
+    generator = np.random.default_rng(0)
+    # each image's captions: some of its references, others', cut short, and one empty
+    pool = [caption for captions in references for caption in captions]
+    completions = [
+        [captions[0], pool[int(generator.integers(len(pool)))], " ".join(captions[1].split()[:3]), ""] * 2
+        for captions in references
+    ]
+    return train, completions, references, list(range(40))
+
+
+@pytest.fixture(scope="module")
+def mixes(batch):
+    """The same prepared mix twice: one scoring in process, one with two worker processes."""
+    train = batch[0]
+    funcs = ["cider", "bleu", "rouge_l", process_id, process_id_of_pixels, rows_in_call, caption_length]
+    in_process, in_processes = RewardMix(funcs), RewardMix(funcs)
+    for mix in (in_process, in_processes):
+        mix.prepare(train)
+    chosen = in_processes.use_processes(2)
+    yield in_process, in_processes, chosen
+    in_processes.close()
+
+
+def test_only_rewards_that_score_each_caption_on_their_own_are_split(mixes):
+    _, _, chosen = mixes
+    assert chosen == ["cider", "bleu_4", "rouge_l", "process_id", "process_id_of_pixels", "rows_in_call"]
+    # CIDEr-D with document frequencies from each call's references depends on the other rows of the call
+    assert RewardMix([CiderReward()]).use_processes(2) == []
+
+
+def test_processes_give_the_same_rewards_in_the_same_order(mixes, batch):
+    in_process, in_processes, _ = mixes
+    _, completions, references, image_ids = batch
+    expected_total, expected = in_process.score_groups(
+        completions=completions, references=references, image_id=image_ids
+    )
+    total, components = in_processes.score_groups(completions=completions, references=references, image_id=image_ids)
+    for name in ("cider", "bleu_4", "rouge_l", "caption_length"):
+        np.testing.assert_array_equal(components[name], expected[name])
+    assert components["cider"].std() > 0.1  # the rewards differ from row to row: the order is checked
+    # the 320 rows were split in two calls, scored in the worker processes, none here
+    assert set(components["rows_in_call"]) == {160.0} and set(expected["rows_in_call"]) == {320.0}
+    assert os.getpid() not in components["process_id"]
+    assert os.getpid() not in components["process_id_of_pixels"]
+    changed = ("process_id", "process_id_of_pixels", "rows_in_call")
+    np.testing.assert_allclose(
+        total - sum(components[name] for name in changed), expected_total - sum(expected[name] for name in changed)
+    )
+
+
+def test_a_reward_that_reads_an_image_tensor_stays_in_the_training_process(mixes, batch):
+    _, in_processes, _ = mixes
+    _, completions, references, image_ids = batch
+    pixel_values = torch.zeros(len(references), 3, 2, 2)
+    _, components = in_processes.score_groups(
+        completions=completions, references=references, image_id=image_ids, pixel_values=pixel_values
+    )
+    assert set(components["process_id_of_pixels"]) == {float(os.getpid())}
+    assert os.getpid() not in components["process_id"]
+
+
+def test_a_call_too_small_to_gain_from_processes_is_scored_here(mixes, batch):
+    _, in_processes, _ = mixes
+    _, completions, references, image_ids = batch
+    _, components = in_processes.score_groups(
+        completions=completions[:10], references=references[:10], image_id=image_ids[:10]
+    )
+    assert set(components["process_id"]) == {float(os.getpid())} and set(components["rows_in_call"]) == {80.0}
+
+
+def test_a_reward_error_in_a_process_names_the_problem_as_in_process(mixes, batch):
+    in_process, in_processes, _ = mixes
+    _, completions, references, image_ids = batch
+    bad_references = [list(captions) for captions in references]
+    bad_references[-1][0] = 7
+    with pytest.raises(ValueError) as in_process_error:
+        in_process.score_groups(completions=completions, references=bad_references, image_id=image_ids)
+    with pytest.raises(ValueError) as in_processes_error:
+        in_processes.score_groups(completions=completions, references=bad_references, image_id=image_ids)
+    assert str(in_processes_error.value) == str(in_process_error.value)

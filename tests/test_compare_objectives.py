@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPOSITORY = Path(__file__).resolve().parent.parent
 SCRIPT = REPOSITORY / "benchmarks" / "compare_objectives.py"
 
@@ -35,6 +37,7 @@ def test_every_arm_gets_the_same_policy_updates():
     assert arms["spider_pg, BCMR"]["reward_funcs"] == ["bleu", "cider", "meteor", "rouge_l"]
 
 
+@pytest.mark.slow
 def test_a_tiny_comparison_prints_and_saves_its_table(tmp_path):
     env = {
         **os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",

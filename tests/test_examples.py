@@ -101,8 +101,9 @@ TINY_RUN = [
 ]  # fmt: skip
 
 
-# Two processes of a recipe under the main suite once (PSST's, whose gloo shutdown once aborted); the other recipes'
-# two-process runs under `make test-slow`, which keeps `make test` within ten minutes on a 2-core machine.
+# Two processes of a recipe under the main suite once (PSST's, whose gloo shutdown once aborted; its one-process run
+# is slow); the other recipes' two-process runs under `make test-slow`, which keeps `make test` within ten minutes on
+# a 2-core machine.
 TWO_PROCESSES_SLOW = pytest.param(2, marks=pytest.mark.slow)
 
 
@@ -129,7 +130,7 @@ def test_sle_recipe_scores_caption_sets_on_one_and_two_processes(tmp_path, num_p
     assert "Div-2, 3 samples per image" in (output_dir / "README.md").read_text()
 
 
-@pytest.mark.parametrize("num_processes", [1, 2])
+@pytest.mark.parametrize("num_processes", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_psst_recipe_trains_a_speaker_listener_on_one_and_two_processes(tmp_path, num_processes):
     output_dir = tmp_path / "psst"
     run_recipe(

@@ -31,6 +31,11 @@ CAPTIONERS = {
     "show-tell-rl-shapes-wtf-rl": ("train_wtf.py", 3),
 }
 captioners = pytest.mark.parametrize("name", list(CAPTIONERS))
+# loading by hub id is the same code for every checkpoint: one in the main suite, the others with the slow tests
+captioners_one_in_main_suite = pytest.mark.parametrize(
+    "name",
+    [name if index == 0 else pytest.param(name, marks=pytest.mark.slow) for index, name in enumerate(CAPTIONERS)],
+)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +131,7 @@ def test_checkpoint_sees_the_objects_of_test_images(name, shapes_test):
     assert scores["generic_share"] < 0.2, scores
 
 
-@captioners
+@captioners_one_in_main_suite
 def test_checkpoint_loads_by_hub_id_through_a_local_hub_cache_offline(name, tmp_path, shapes_image):
     hub_id = f"rlcaption/{name}"
     env = offline_hub_cache(tmp_path, hub_id, CHECKPOINTS / name)

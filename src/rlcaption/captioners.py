@@ -510,6 +510,12 @@ class BlipCaptioner(Captioner):
 
     has_decoding_loop = True
 
+    def _decodes_in_loop(self, config):
+        # the loop calls the text decoder's layers' parts directly, past the hooks that move a model dispatched over
+        # several devices (`device_map`) from one device to the next
+        devices = set(getattr(self.model, "hf_device_map", {}).values())
+        return super()._decodes_in_loop(config) and len(devices) <= 1
+
     def _encode_for_loop(self, image_inputs):
         return self.model.vision_model(**image_inputs).last_hidden_state
 

@@ -113,3 +113,14 @@ def test_settings_beyond_the_loop_still_go_through_generate(monkeypatch):
     monkeypatch.setattr(captioner, "_decode_in_loop", None)  # would fail if called
     assert torch.equal(captioner.generate({"pixel_values": pixels(2)}, beams), expected)
     assert expected.shape[1] > 1
+
+
+def test_a_blip_dispatched_over_several_devices_decodes_with_generate():
+    model = make_blip()
+    captioner = captioner_for(model)
+    config = captioner.complete_generation_config(DECODING_SETTINGS["greedy"])
+    assert captioner._decodes_in_loop(config)
+    model.hf_device_map = {"vision_model": "cpu", "text_decoder": "cpu"}
+    assert captioner._decodes_in_loop(config)
+    model.hf_device_map = {"vision_model": 0, "text_decoder": 1}
+    assert not captioner._decodes_in_loop(config)

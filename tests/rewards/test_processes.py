@@ -124,3 +124,12 @@ def test_a_reward_error_in_a_process_names_the_problem_as_in_process(mixes, batc
     with pytest.raises(ValueError) as in_processes_error:
         in_processes.score_groups(completions=completions, references=bad_references, image_id=image_ids)
     assert str(in_processes_error.value) == str(in_process_error.value)
+
+
+def test_a_reward_that_cannot_be_copied_into_processes_is_named():
+    def local_reward(*, completions, references, **columns):
+        return [0.0] * len(completions)
+
+    local_reward.scores_captions_independently = True
+    with pytest.raises(ValueError, match="'local_reward' cannot be copied into worker processes"):
+        RewardMix([local_reward]).use_processes(2)

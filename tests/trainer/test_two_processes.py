@@ -20,6 +20,8 @@ def test_scst_runs_in_two_cpu_processes_with_synchronised_weights(tmp_path):
     assert reports[0]["parameter_sum"] == pytest.approx(reports[1]["parameter_sum"], rel=0, abs=1e-9)
 
 
+# slow: resuming every auxiliary phase is tested on one process in each objective's tests; here on two
+@pytest.mark.slow
 def test_auxiliary_network_phases_and_set_reward_survive_a_kill_on_two_processes(tmp_path):
     cache = str(tmp_path / "cache")
     straight = launch_on_two_processes("two_process_resume.py", str(tmp_path / "straight"), cache)

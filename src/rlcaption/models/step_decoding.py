@@ -8,7 +8,8 @@ that bookkeeping costs the host, and each question stalls the host until the dev
 `generate()` leaves the device idle most of the time. This loop computes the same thing — the same network calls,
 the same logits warpers in the same order, the same draw from torch's generator, so the same sequences for the same
 seed — and asks whether all captions have ended only every few tokens. On a GPU it goes further: the whole decoding
-after the image encoding is captured once as a CUDA graph and replayed, one launch for every kernel of every token.
+after the image encoding is captured as a CUDA graph (at a batch shape's second decoding) and replayed, one launch
+for every kernel of every token.
 """
 
 from __future__ import annotations

@@ -11,12 +11,16 @@ split by rows over processes and the values put back together, the same values i
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
+
+from .base import reward_name
 
 __all__ = ["RewardProcesses", "scores_captions_independently"]
 
@@ -60,6 +64,14 @@ class RewardProcesses:
             raise ValueError(f"num_processes must be >= 1, got {num_processes}.")
         self.funcs = list(funcs)
         self.num_processes = num_processes
+        for func in self.funcs:
+            try:
+                pickle.dumps(func)
+            except Exception as error:  # pickling raises whatever the object's reducers raise
+                raise ValueError(
+                    f"Reward {reward_name(func)!r} cannot be copied into worker processes ({error}): define it at "
+                    "the top level of a module, or compute the rewards in the training process (reward_processes=0)."
+                ) from error
         self._executor = ProcessPoolExecutor(
             num_processes,
             mp_context=multiprocessing.get_context("spawn"),
@@ -97,7 +109,13 @@ class RewardProcesses:
                 **{name: value[start:end] if isinstance(value, list) else value for name, value in columns.items()},
             }
             futures.append(self._executor.submit(_score_rows, func_index, share))
-        return [value for future in futures for value in future.result()]
+        try:
+            return [value for future in futures for value in future.result()]
+        except BrokenProcessPool as error:
+            raise RuntimeError(
+                f"The worker processes computing reward {reward_name(self.funcs[func_index])!r} stopped ({error}); "
+                "compute the rewards in the training process (reward_processes=0) to see the reward's own error."
+            ) from error
 
     def close(self) -> None:
         """Stops the worker processes."""

@@ -2,7 +2,7 @@
 rollout decoder against the plain one-prefix-at-a-time loop, on the same model and batch.
 
     python benchmarks/bench_rollouts.py [--model checkpoints/show-tell-rl-shapes-spider-pg-cider] [--batch-size 32]
-                                        [--num-rollouts 3] [--repeats 5] [--output bench_rollouts.json]
+                                        [--num-rollouts 3] [--repeats 5] [--device cuda] [--output bench_rollouts.json]
 
 Without `--model`, a ShowTellRL of the demo's size with random weights is used: its sampled captions run to the
 maximum length, the most expensive case for rollouts. A trained model (e.g. the published shapes checkpoint) gives
@@ -32,7 +32,19 @@ from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 
+def _synchronized(function):
+    """`function`, returning once the device has finished what it queued."""
+
+    def run():
+        function()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    return run
+
+
 def _median_time(function, repeats: int) -> float:
+    function = _synchronized(function)
     function()  # warm-up
     timings = []
     for _ in range(repeats):
@@ -72,6 +84,7 @@ def main() -> None:
     parser.add_argument("--max-caption-length", type=int, default=20)
     parser.add_argument("--image-size", type=int, default=48, help="Image side of the random model and the data.")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu", help="`cpu`, or `cuda` for one GPU.")
     parser.add_argument("--output", default=None, help="Optional JSON file for the results.")
     args = parser.parse_args()
     datasets.disable_progress_bars()
@@ -88,7 +101,7 @@ def main() -> None:
 
         def make_trainer(objective: str) -> RLCaptionTrainer:
             config = RLCaptionConfig(
-                output_dir=os.path.join(cache_dir, objective), use_cpu=True, objective=objective,
+                output_dir=os.path.join(cache_dir, objective), use_cpu=args.device == "cpu", objective=objective,
                 per_device_train_batch_size=args.batch_size, max_caption_length=args.max_caption_length,
                 num_samples_per_image=args.scst_samples, reward_funcs=["cider"], save_strategy="no", disable_tqdm=True,
                 seed=0, **({"num_rollouts": args.num_rollouts} if objective == "spider_pg" else {}),
@@ -118,15 +131,23 @@ def main() -> None:
         mask = caption_token_mask(samples.sequences, eos)
         num_rows = rollout_prefixes(mask, args.num_rollouts)[0].numel()
         uniforms = torch.rand(num_rows, args.max_caption_length, generator=torch.Generator().manual_seed(2))
+        uniforms = uniforms.to(samples.sequences.device)
         rollout_args = (model, image_inputs_of(batch), samples.sequences, mask, args.num_rollouts)
         rollout_kwargs = dict(
             max_length=args.max_caption_length, eos_token_id=eos, pad_token_id=pad, uniforms=uniforms
         )  # fmt: skip
         batched = sample_rollouts(*rollout_args, **rollout_kwargs)
         looped = sample_rollouts_per_prefix(*rollout_args, **rollout_kwargs)
-        same_captions = bool(torch.equal(batched.sequences, looped.sequences))
+        # the loop a GPU runs: finished rows stepped along, no wait for the device at every step
+        kept = sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs)
+        same_captions = bool(
+            torch.equal(batched.sequences, looped.sequences) and torch.equal(kept.sequences, looped.sequences)
+        )
         rollout_seconds = {
             "batched": _median_time(lambda: sample_rollouts(*rollout_args, **rollout_kwargs), args.repeats),
+            "batched_keeping_finished_rows": _median_time(
+                lambda: sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs), args.repeats
+            ),
             "per_prefix": _median_time(lambda: sample_rollouts_per_prefix(*rollout_args, **rollout_kwargs), 1),
         }
 
@@ -144,10 +165,16 @@ def main() -> None:
             rollout_seconds["batched"],
             rollout_seconds["batched"] / rollout_seconds["per_prefix"],
         ),
+        (
+            "rollouts, batched, finished rows kept (GPU)",
+            rollout_seconds["batched_keeping_finished_rows"],
+            rollout_seconds["batched_keeping_finished_rows"] / rollout_seconds["per_prefix"],
+        ),
     ]
     print(
         f"\nbatch of {args.batch_size} images, sampled captions of {mean_length:.1f} tokens on average, "
-        f"model {'random (demo size)' if args.model is None else args.model}, {torch.get_num_threads()} threads"
+        f"model {'random (demo size)' if args.model is None else args.model}, {args.device}, "
+        f"{torch.get_num_threads()} threads"
     )
     print(f"| {'measurement':<48} | {'seconds':>8} | {'ratio':>6} |")
     print(f"|{'-' * 50}|{'-' * 10}|{'-' * 8}|")

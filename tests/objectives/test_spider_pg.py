@@ -133,6 +133,9 @@ def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values, ima
     assert torch.equal(batched.caption_index, looped.caption_index)
     assert torch.equal(batched.prefix_length, looped.prefix_length)
     assert torch.equal(batched.sequences, looped.sequences)
+    # the loop a GPU runs, stepping the finished rows along instead of asking at every step which ended
+    kept = sample_rollouts(model, {"pixel_values": pixel_values}, sequences, mask, drop_finished_rows=False, **common)
+    assert torch.equal(kept.sequences, batched.sequences)
 
     # every rollout keeps its prefix, then ends with the end token or at the maximum length
     for row, (caption, length) in enumerate(zip(batched.caption_index, batched.prefix_length, strict=True)):

@@ -40,7 +40,7 @@ from ..decoding import (
     selective_log_softmax,
 )
 from ..models.show_tell_rl import CACHE_NAME
-from ..models.step_decoding import logits_warpers
+from ..models.step_decoding import STEPS_BETWEEN_END_CHECKS, logits_warpers
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .policy_gradient import policy_gradient_loss
@@ -208,6 +208,7 @@ def sample_rollouts(
     top_k: int = 0,
     top_p: float = 1.0,
     uniforms: torch.Tensor | None = None,
+    drop_finished_rows: bool | None = None,
 ) -> Rollouts:
     """
     Completes every prefix of every sampled caption `num_rollouts` times with the current policy, all in one batched
@@ -227,6 +228,10 @@ def sample_rollouts(
         uniforms (`torch.FloatTensor` of shape `(R, max_length)`, *optional*): the uniform draws choosing token j of
             rollout row r (inverse-CDF sampling); drawn from torch's global generator when `None`. Row order is that
             of [`rollout_prefixes`].
+        drop_finished_rows (`bool`, *optional*): whether rows that ended leave the batch at every step. That saves
+            their computation, where computation is the cost (the default on a CPU), but it asks the device which
+            rows ended at every step; on a GPU (the default there) the finished rows are stepped along and written
+            nowhere, and whether all have ended is asked every few steps. The rollouts are the same either way.
 
     Returns:
         [`Rollouts`] with `R = K * Σ_n (length_n − 1)` rows (no rollout after a caption's last step).
@@ -249,20 +254,45 @@ def sample_rollouts(
         tokens = sequences[caption_index, prefix_length]  # (R,) g_t
         completed = _prefix_sequences(sequences, caption_index, prefix_length, max_length + 1, pad_token_id)
         budget = max_length - prefix_length  # (R,) tokens each row may still add, >= 1
-        # 3. one loop over all rows; rows that end are dropped from the batch so later steps only pay for live rows
-        active = torch.arange(num_rows, device=sequences.device)
-        for step in range(int(budget.max())):
-            logits, _, state = model.step(tokens, state)  # (A, V)
-            # the warpers read the scores only: no tokens so far are passed
-            tokens = _sample_from(warpers(None, logits.float()), uniforms[active, step])  # (A,)
-            completed[active, prefix_length[active] + 1 + step] = tokens
-            alive = (tokens != eos_token_id) & (step + 1 < budget[active])
-            if not bool(alive.any()):
-                break
-            if not bool(alive.all()):
-                active, tokens = active[alive], tokens[alive]
-                state = state.select(alive)
+        # 3. one loop over all rows
+        if drop_finished_rows is None:
+            drop_finished_rows = sequences.device.type == "cpu"
+        loop = _steps_dropping_finished_rows if drop_finished_rows else _steps_keeping_finished_rows
+        loop(model, state, tokens, completed, prefix_length, budget, uniforms, warpers, eos_token_id)
     return Rollouts(completed, caption_index, prefix_length)
+
+
+def _steps_dropping_finished_rows(model, state, tokens, completed, prefix_length, budget, uniforms, warpers, eos):
+    """Rollout steps where rows that end leave the batch, so that later steps only pay for live rows."""
+    active = torch.arange(tokens.numel(), device=tokens.device)
+    for step in range(int(budget.max())):
+        logits, _, state = model.step(tokens, state)  # (A, V)
+        # the warpers read the scores only: no tokens so far are passed
+        tokens = _sample_from(warpers(None, logits.float()), uniforms[active, step])  # (A,)
+        completed[active, prefix_length[active] + 1 + step] = tokens
+        alive = (tokens != eos) & (step + 1 < budget[active])
+        if not bool(alive.any()):
+            break
+        if not bool(alive.all()):
+            active, tokens = active[alive], tokens[alive]
+            state = state.select(alive)
+
+
+def _steps_keeping_finished_rows(model, state, tokens, completed, prefix_length, budget, uniforms, warpers, eos):
+    """Rollout steps over every row, the finished ones written nowhere; whether all have ended is asked every few
+    steps, the only waits for the device."""
+    rows = torch.arange(tokens.numel(), device=tokens.device)
+    alive = torch.ones_like(tokens, dtype=torch.bool)
+    last_column = completed.shape[1] - 1
+    for step in range(int(budget.max())):
+        logits, _, state = model.step(tokens, state)
+        tokens = _sample_from(warpers(None, logits.float()), uniforms[:, step])
+        # a finished row's position may lie past the last column: it writes back what is there
+        columns = (prefix_length + 1 + step).clamp(max=last_column)
+        completed[rows, columns] = torch.where(alive, tokens, completed[rows, columns])
+        alive &= (tokens != eos) & (step + 1 < budget)
+        if step % STEPS_BETWEEN_END_CHECKS == STEPS_BETWEEN_END_CHECKS - 1 and not bool(alive.any()):
+            break
 
 
 def sample_rollouts_per_prefix(

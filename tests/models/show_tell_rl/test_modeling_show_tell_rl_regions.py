@@ -154,6 +154,8 @@ def test_rollouts_from_prefix_states_ignore_padding_and_equal_the_per_prefix_loo
     batched = sample_rollouts(model, image_inputs, sequences, token_mask, **common)
     looped = sample_rollouts_per_prefix(model, image_inputs, sequences, token_mask, **common)
     assert torch.equal(batched.sequences, looped.sequences)
+    kept = sample_rollouts(model, image_inputs, sequences, token_mask, drop_finished_rows=False, **common)
+    assert torch.equal(kept.sequences, batched.sequences)
     other_padding, _ = pad_regions(image_regions(), padding_seed=11)
     image_inputs["image_features"] = other_padding
     other_rollouts = sample_rollouts(model, image_inputs, sequences, token_mask, **common)

@@ -137,7 +137,9 @@ def decode_blip(
     """
     Decodes `config.num_return_sequences` captions per image with a `BlipForConditionalGeneration`, as
     `model.generate(**image_inputs)` does with `config` as its text decoder's generation config, for a config that
-    [`decodes_plainly`]: the same captions for the same seed. Call it in the mode to decode in.
+    [`decodes_plainly`]: the same captions for the same seed. Call it in the mode to decode in; in training mode with
+    dropout the captions come from the same distribution but are other draws, since the cross-attention dropout masks
+    are laid out by image.
 
     On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding after the image
     encoding is one CUDA graph, captured at the second call for each batch shape. `image_embeds`, the vision model's

@@ -284,9 +284,10 @@ def _steps_keeping_finished_rows(model, state, tokens, completed, prefix_length,
     rows = torch.arange(tokens.numel(), device=tokens.device)
     alive = torch.ones_like(tokens, dtype=torch.bool)
     last_column = completed.shape[1] - 1
+    uniforms_by_step = uniforms.t().contiguous()  # a step's draws side by side, as the search over the CDF reads them
     for step in range(int(budget.max())):
         logits, _, state = model.step(tokens, state)
-        tokens = _sample_from(warpers(None, logits.float()), uniforms[:, step])
+        tokens = _sample_from(warpers(None, logits.float()), uniforms_by_step[step])
         # a finished row's position may lie past the last column: it writes back what is there
         columns = (prefix_length + 1 + step).clamp(max=last_column)
         completed[rows, columns] = torch.where(alive, tokens, completed[rows, columns])

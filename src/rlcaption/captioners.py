@@ -43,7 +43,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
-from .models.blip_decoding import decode_blip
+from .models.blip_decoding import blip_caption_logits, decode_blip
 from .models.captions import soft_word_embeddings
 from .models.recurrent_decoding import decode_recurrent
 from .models.step_decoding import decodes_plainly
@@ -528,8 +528,15 @@ class BlipCaptioner(Captioner):
     encodes_images_once = True
 
     def _logits_encoding_images_once(self, network, image_inputs, image_index, input_ids, attention_mask):
-        # BlipForConditionalGeneration.forward, with the vision model's output repeated for each caption
         image_embeds = network.vision_model(**image_inputs).last_hidden_state
+        num_images = image_embeds.shape[0]
+        captions_per_image = image_index.numel() // num_images
+        in_image_order = torch.arange(num_images, device=image_index.device).repeat_interleave(captions_per_image)
+        # checkpointed layers are called whole, by the text decoder's forward
+        if not network.text_decoder.is_activation_checkpointing and torch.equal(image_index, in_image_order):
+            # each image's cross-attention keys and values projected once for its consecutive captions
+            return blip_caption_logits(network, image_embeds, input_ids, attention_mask)
+        # BlipForConditionalGeneration.forward, with the vision model's output repeated for each caption
         return network.text_decoder(
             input_ids=input_ids, attention_mask=attention_mask,
             encoder_hidden_states=image_embeds.index_select(0, image_index),

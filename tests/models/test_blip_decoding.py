@@ -8,10 +8,11 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from rlcaption import captioners as captioners_module
 from rlcaption.captioners import captioner_for
 from rlcaption.decoding import generate_caption_sets, generate_captions
 from rlcaption.models import step_decoding
-from rlcaption.models.blip_decoding import BlipDecodingState, blip_step, decode_blip
+from rlcaption.models.blip_decoding import BlipDecodingState, blip_caption_logits, blip_step, decode_blip
 from tiny_captioners import BLIP_END as END
 from tiny_captioners import BLIP_IMAGE_SIZE as IMAGE_SIZE
 from tiny_captioners import BLIP_START as START
@@ -124,3 +125,77 @@ def test_a_blip_dispatched_over_several_devices_decodes_with_generate():
     assert captioner._decodes_in_loop(config)
     model.hf_device_map = {"vision_model": 0, "text_decoder": 1}
     assert not captioner._decodes_in_loop(config)
+
+
+@pytest.mark.parametrize("captions_per_image", [1, 3])
+def test_captions_scored_with_each_images_keys_projected_once_give_the_text_decoders_logits_and_gradients(
+    captions_per_image,
+):
+    model = make_blip()
+    pixel_values = pixels(2)
+    num_captions = 2 * captions_per_image
+    input_ids = torch.randint(4, VOCABULARY, (num_captions, 6), generator=torch.Generator().manual_seed(3))
+    input_ids[:, 0] = START
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, 4:] = 0  # right padding, scored nowhere but present
+    attention_mask[-1, 3:] = 0
+    scored = attention_mask[:, :, None].float()
+
+    def logits_and_gradients(score):
+        model.zero_grad()
+        image_embeds = model.vision_model(pixel_values=pixel_values).last_hidden_state
+        logits = score(image_embeds)
+        (logits.log_softmax(dim=-1) * scored).sum().backward()
+        return logits.detach(), {name: parameter.grad.clone() for name, parameter in model.named_parameters()
+                                 if parameter.grad is not None}  # fmt: skip
+
+    shared, shared_gradients = logits_and_gradients(
+        lambda image_embeds: blip_caption_logits(model, image_embeds, input_ids, attention_mask)
+    )
+    expected, expected_gradients = logits_and_gradients(
+        lambda image_embeds: (
+            model.text_decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                encoder_hidden_states=image_embeds.repeat_interleave(captions_per_image, dim=0),
+            ).logits
+        )  # fmt: skip
+    )
+    torch.testing.assert_close(shared, expected, rtol=1e-5, atol=1e-5)
+    assert shared_gradients.keys() == expected_gradients.keys()
+    assert any(name.startswith("vision_model") for name in shared_gradients)
+    for name, gradient in expected_gradients.items():
+        torch.testing.assert_close(shared_gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_captioner_shares_the_image_keys_only_for_consecutive_captions_of_each_image(monkeypatch):
+    model = make_blip()
+    captioner = captioner_for(model)
+    input_ids = torch.randint(4, VOCABULARY, (4, 5), generator=torch.Generator().manual_seed(4))
+    input_ids[:, 0] = START
+    grouped_calls = []
+    monkeypatch.setattr(
+        captioners_module, "blip_caption_logits",
+        lambda *args: grouped_calls.append(1) or blip_caption_logits(*args),
+    )  # fmt: skip
+    image_inputs = {"pixel_values": pixels(2)}
+    for image_index, shares in [([0, 0, 1, 1], True), ([0, 1, 0, 1], False), ([1, 1, 0, 0], False)]:
+        grouped_calls.clear()
+        index = torch.tensor(image_index)
+        logits = captioner.caption_logits(model, image_inputs, input_ids, image_index=index)
+        repeated = captioner.caption_logits(model, {"pixel_values": pixels(2)[index]}, input_ids)
+        torch.testing.assert_close(logits, repeated, rtol=1e-5, atol=1e-5)
+        assert bool(grouped_calls) == shares
+
+
+def test_a_text_decoder_with_activation_checkpointing_is_scored_by_its_own_forward(monkeypatch):
+    model = make_blip()
+    model.activation_checkpointing_enable()
+    model.train()
+    captioner = captioner_for(model)
+    monkeypatch.setattr(captioners_module, "blip_caption_logits", None)  # would fail if called
+    input_ids = torch.full((4, 3), START)
+    logits = captioner.caption_logits(
+        model, {"pixel_values": pixels(2)}, input_ids, image_index=torch.tensor([0, 0, 1, 1])
+    )
+    assert logits.shape == (4, 2, VOCABULARY)

@@ -24,7 +24,7 @@ from transformers import GenerationConfig
 
 from .step_decoding import check_decodes_plainly, decode_steps
 
-__all__ = ["BlipDecodingState", "decode_blip"]
+__all__ = ["BlipDecodingState", "blip_caption_logits", "decode_blip"]
 
 
 class BlipDecodingState:
@@ -66,11 +66,19 @@ def _split_heads(attention: nn.Module, projected: torch.Tensor) -> torch.Tensor:
     return projected.view(*projected.shape[:2], attention.num_attention_heads, -1).transpose(1, 2)
 
 
-def _attend(attention: nn.Module, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def _attend(
+    attention: nn.Module,
+    hidden: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    additive_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`BlipTextSelfAttention`'s attention of the queries of `hidden` `(rows, tokens, hidden)` over given keys and
-    values, with its scaling, softmax and dropout: its context `(rows, tokens, hidden)`."""
+    values, with its scaling, additive mask, softmax and dropout: its context `(rows, tokens, hidden)`."""
     query = _split_heads(attention, attention.query(hidden))
     scores = torch.matmul(query, keys.transpose(-1, -2)) / math.sqrt(attention.attention_head_size)
+    if additive_mask is not None:
+        scores = scores + additive_mask
     probs = attention.dropout(torch.softmax(scores, dim=-1))
     context = torch.matmul(probs, values).transpose(1, 2)
     return context.reshape(*hidden.shape[:2], attention.all_head_size)
@@ -124,6 +132,56 @@ def blip_step(
         state.image_embeds, state.captions_per_image, position + 1, image_keys_and_values, tuple(token_keys_and_values)
     )
     return logits, next_state
+
+
+def blip_caption_logits(
+    model: nn.Module,
+    image_embeds: torch.FloatTensor,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.FloatTensor:
+    """
+    The text decoder's teacher-forced logits of given captions, `N / num_images` consecutive captions per image, with
+    each image's cross-attention keys and values projected once for all its captions.
+
+    Projecting the image tokens' keys and values is most of the text decoder's work: some 577 image tokens against a
+    caption's twenty, at every layer. `BlipForConditionalGeneration`'s forward does it once per caption; an RL step
+    scores several captions of each image. The same layers, weights and dropout modules compute the same logits, as
+    `model.text_decoder(input_ids, attention_mask, encoder_hidden_states=image_embeds repeated per caption)` does.
+
+    Args:
+        model (`BlipForConditionalGeneration`): the captioner.
+        image_embeds (`torch.FloatTensor` of shape `(num_images, num_image_tokens, vision_hidden_size)`): the vision
+            model's output, once per image.
+        input_ids (`torch.LongTensor` of shape `(N, T)`): captions starting with the start token, image `i`'s at
+            rows `i * k` to `i * k + k - 1` with `k = N / num_images`.
+        attention_mask (`torch.Tensor` of shape `(N, T)`, *optional*): 0 at padding.
+
+    Returns:
+        `torch.FloatTensor` of shape `(N, T, vocab_size)`.
+    """
+    text = model.text_decoder.bert
+    num_captions, length = input_ids.shape
+    hidden = text.embeddings(input_ids=input_ids)  # (N, T, H)
+    # causal, and no key at padding; the lowest finite score, as the text decoder's own mask, so that a padding query
+    # that sees no key gets a uniform attention, not NaN
+    allowed = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()[None]
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, :].bool()
+    additive_mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
+    additive_mask = additive_mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]  # (N or 1, 1, T, T)
+    num_images = image_embeds.shape[0]
+    for layer in text.encoder.layer:
+        keys, values = _keys_and_values(layer.attention.self, hidden)
+        context = _attend(layer.attention.self, hidden, keys, values, additive_mask)
+        hidden = layer.attention.output(context, hidden)
+        # an image's captions as one query of k * T tokens over its keys (cross-attention has no mask)
+        by_image = hidden.reshape(num_images, -1, hidden.shape[-1])
+        image_keys, image_values = _keys_and_values(layer.crossattention.self, image_embeds)
+        context = _attend(layer.crossattention.self, by_image, image_keys, image_values)
+        hidden = layer.crossattention.output(context, by_image).view(num_captions, length, -1)
+        hidden = layer.feed_forward_chunk(hidden)
+    return model.text_decoder.cls(hidden)
 
 
 @torch.no_grad()

@@ -532,8 +532,10 @@ class BlipCaptioner(Captioner):
         num_images = image_embeds.shape[0]
         captions_per_image = image_index.numel() // num_images
         in_image_order = torch.arange(num_images, device=image_index.device).repeat_interleave(captions_per_image)
-        # checkpointed layers are called whole, by the text decoder's forward
-        if not network.text_decoder.is_activation_checkpointing and torch.equal(image_index, in_image_order):
+        # checkpointed layers, and FSDP2's sharded ones (gathered in their forward only), are called whole, by the
+        # text decoder's forward
+        calls_layers_whole = network.text_decoder.is_activation_checkpointing or _is_fully_sharded(network)
+        if not calls_layers_whole and torch.equal(image_index, in_image_order):
             # each image's cross-attention keys and values projected once for its consecutive captions
             return blip_caption_logits(network, image_embeds, input_ids, attention_mask)
         # BlipForConditionalGeneration.forward, with the vision model's output repeated for each caption

@@ -188,9 +188,13 @@ def test_the_captioner_shares_the_image_keys_only_for_consecutive_captions_of_ea
         assert bool(grouped_calls) == shares
 
 
-def test_a_text_decoder_with_activation_checkpointing_is_scored_by_its_own_forward(monkeypatch):
+@pytest.mark.parametrize("why", ["activation checkpointing", "FSDP2"])
+def test_a_text_decoder_whose_layers_must_run_whole_is_scored_by_its_own_forward(why, monkeypatch):
     model = make_blip()
-    model.activation_checkpointing_enable()
+    if why == "activation checkpointing":
+        model.activation_checkpointing_enable()
+    else:  # its layers' parameters are gathered in their forward only
+        monkeypatch.setattr(captioners_module, "_is_fully_sharded", lambda module: module is model)
     model.train()
     captioner = captioner_for(model)
     monkeypatch.setattr(captioners_module, "blip_caption_logits", None)  # would fail if called

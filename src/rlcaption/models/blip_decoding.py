@@ -91,6 +91,17 @@ def _keys_and_values(attention: nn.Module, states: torch.Tensor) -> tuple[torch.
     return _split_heads(attention, keys).contiguous(), _split_heads(attention, values).contiguous()
 
 
+def _attend_to_images(
+    layer: nn.Module, hidden: torch.Tensor, image_keys: torch.Tensor, image_values: torch.Tensor
+) -> torch.Tensor:
+    """A layer's cross-attention block over the image tokens, `hidden` `(N, T, H)` holding each image's captions
+    consecutively: an image's captions ask their queries together, as one query of `k * T` tokens over its keys and
+    values (cross-attention has no mask), which are projected once per image."""
+    by_image = hidden.reshape(image_keys.shape[0], -1, hidden.shape[-1])
+    context = _attend(layer.crossattention.self, by_image, image_keys, image_values)
+    return layer.crossattention.output(context, by_image).view(hidden.shape)
+
+
 def blip_step(
     model: nn.Module, token_ids: torch.LongTensor, state: BlipDecodingState
 ) -> tuple[torch.FloatTensor, BlipDecodingState]:
@@ -114,7 +125,6 @@ def blip_step(
         _keys_and_values(layer.crossattention.self, state.image_embeds) for layer in text.encoder.layer
     )
     token_keys_and_values = []
-    num_images = state.image_embeds.shape[0]
     for index, layer in enumerate(text.encoder.layer):
         keys, values = _keys_and_values(layer.attention.self, hidden)
         if state.token_keys_and_values is not None:
@@ -122,11 +132,7 @@ def blip_step(
             keys, values = torch.cat([earlier_keys, keys], dim=2), torch.cat([earlier_values, values], dim=2)
         token_keys_and_values.append((keys, values))
         hidden = layer.attention.output(_attend(layer.attention.self, hidden, keys, values), hidden)
-        # an image's captions as one query of `captions_per_image` tokens over its keys (cross-attention has no mask)
-        by_image = hidden.view(num_images, state.captions_per_image, -1)
-        context = _attend(layer.crossattention.self, by_image, *image_keys_and_values[index])
-        hidden = layer.crossattention.output(context, by_image).view(hidden.shape)
-        hidden = layer.feed_forward_chunk(hidden)
+        hidden = layer.feed_forward_chunk(_attend_to_images(layer, hidden, *image_keys_and_values[index]))
     logits = model.text_decoder.cls(hidden)[:, 0]
     next_state = BlipDecodingState(
         state.image_embeds, state.captions_per_image, position + 1, image_keys_and_values, tuple(token_keys_and_values)
@@ -161,7 +167,7 @@ def blip_caption_logits(
         `torch.FloatTensor` of shape `(N, T, vocab_size)`.
     """
     text = model.text_decoder.bert
-    num_captions, length = input_ids.shape
+    length = input_ids.shape[1]
     hidden = text.embeddings(input_ids=input_ids)  # (N, T, H)
     # causal, and no key at padding; the lowest finite score, as the text decoder's own mask, so that a padding query
     # that sees no key gets a uniform attention, not NaN
@@ -170,17 +176,12 @@ def blip_caption_logits(
         allowed = allowed & attention_mask[:, None, :].bool()
     additive_mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
     additive_mask = additive_mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]  # (N or 1, 1, T, T)
-    num_images = image_embeds.shape[0]
     for layer in text.encoder.layer:
         keys, values = _keys_and_values(layer.attention.self, hidden)
         context = _attend(layer.attention.self, hidden, keys, values, additive_mask)
         hidden = layer.attention.output(context, hidden)
-        # an image's captions as one query of k * T tokens over its keys (cross-attention has no mask)
-        by_image = hidden.reshape(num_images, -1, hidden.shape[-1])
-        image_keys, image_values = _keys_and_values(layer.crossattention.self, image_embeds)
-        context = _attend(layer.crossattention.self, by_image, image_keys, image_values)
-        hidden = layer.crossattention.output(context, by_image).view(num_captions, length, -1)
-        hidden = layer.feed_forward_chunk(hidden)
+        image_keys_and_values = _keys_and_values(layer.crossattention.self, image_embeds)
+        hidden = layer.feed_forward_chunk(_attend_to_images(layer, hidden, *image_keys_and_values))
     return model.text_decoder.cls(hidden)
 
 

@@ -17,7 +17,7 @@ import statistics
 import time
 
 import torch
-from gpu_check import make_blip
+from gpu_check import make_blip, synchronize
 
 from rlcaption.models.blip_decoding import blip_caption_logits
 
@@ -32,13 +32,11 @@ def time_scoring(score, model, device: torch.device, repeats: int) -> tuple[floa
     times = []
     for repeat in range(1 + repeats):
         model.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         logits = score()
         logits.float().log_softmax(dim=-1).mean().backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         if repeat:
             times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times), logits.detach().float()

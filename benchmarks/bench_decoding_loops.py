@@ -23,7 +23,7 @@ from pathlib import Path
 import datasets
 import torch
 import transformers
-from gpu_check import make_blip
+from gpu_check import make_blip, synchronize
 from transformers import GenerationConfig
 
 from rlcaption import CaptionProcessor, ShowTellRL
@@ -39,11 +39,6 @@ DECODINGS = {
     ),
     "greedy": GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=20),
 }
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_decoding(decode, device: torch.device, repeats: int) -> tuple[float, torch.Tensor]:

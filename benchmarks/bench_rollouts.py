@@ -23,6 +23,7 @@ import time
 
 import datasets
 import torch
+from gpu_check import synchronize
 
 from rlcaption.data import load_shapes
 from rlcaption.decoding import caption_token_mask, image_inputs_of
@@ -32,19 +33,18 @@ from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 
-def _synchronized(function):
-    """`function`, returning once the device has finished what it queued."""
+def _synchronized(function, device: torch.device):
+    """`function`, returning once `device` has finished what it queued."""
 
     def run():
         function()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        synchronize(device)
 
     return run
 
 
-def _median_time(function, repeats: int) -> float:
-    function = _synchronized(function)
+def _median_time(function, repeats: int, device: torch.device) -> float:
+    function = _synchronized(function, device)
     function()  # warm-up
     timings = []
     for _ in range(repeats):
@@ -87,6 +87,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="`cpu`, or `cuda` for one GPU.")
     parser.add_argument("--output", default=None, help="Optional JSON file for the results.")
     args = parser.parse_args()
+    device = torch.device(args.device)
     datasets.disable_progress_bars()
 
     with tempfile.TemporaryDirectory() as cache_dir:
@@ -120,7 +121,7 @@ def main() -> None:
             model.zero_grad(set_to_none=True)
 
         step_seconds = {
-            objective: _median_time(lambda trainer=trainer: training_step(trainer), args.repeats)
+            objective: _median_time(lambda trainer=trainer: training_step(trainer), args.repeats, device)
             for objective, trainer in trainers.items()
         }
 
@@ -144,11 +145,13 @@ def main() -> None:
             torch.equal(batched.sequences, looped.sequences) and torch.equal(kept.sequences, looped.sequences)
         )
         rollout_seconds = {
-            "batched": _median_time(lambda: sample_rollouts(*rollout_args, **rollout_kwargs), args.repeats),
+            "batched": _median_time(lambda: sample_rollouts(*rollout_args, **rollout_kwargs), args.repeats, device),
             "batched_keeping_finished_rows": _median_time(
-                lambda: sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs), args.repeats
+                lambda: sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs),
+                args.repeats,
+                device,
             ),
-            "per_prefix": _median_time(lambda: sample_rollouts_per_prefix(*rollout_args, **rollout_kwargs), 1),
+            "per_prefix": _median_time(lambda: sample_rollouts_per_prefix(*rollout_args, **rollout_kwargs), 1, device),
         }
 
     mean_length = float(mask.sum(dim=1).mean())

@@ -208,8 +208,8 @@ BLIP_IMAGE_SIZE = 16
 
 def make_blip(seed: int = 0, favoured_end: float = 1.0) -> BlipForConditionalGeneration:
     """A BLIP without processor for the decoding-loop tests: two layers, a vision width other than the text width,
-    dropout; the end token favoured by `favoured_end` in its logits,
-    so that captions end at different lengths, as a trained captioner's do."""
+    dropout; the end token favoured by `favoured_end` in its logits, so that captions end at different lengths, as a
+    trained captioner's do."""
     torch.manual_seed(seed)
     text_config = dict(
         vocab_size=BLIP_VOCABULARY, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from objective_steps import case_id, make_step_trainer
-from transformers import BlipForConditionalGeneration, GenerationConfig
+from transformers import BlipForConditionalGeneration
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.captioners import captioner_for
@@ -100,14 +100,13 @@ def test_the_decoding_loop_samples_on_the_gpu_as_generate_does(tmp_path):
     inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}
     model = ShowTellRL.from_pretrained(WARM_START).cuda()
     captioner = captioner_for(model)
-    sampling = GenerationConfig(
-        do_sample=True, num_beams=1, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=5, max_new_tokens=20
-    )
     sequences = []
     for decoding_loop in (True, False):
         torch.manual_seed(0)
         with evaluation_mode(model):
-            sequences.append(captioner.generate(inputs, sampling, decoding_loop=decoding_loop))
+            sequences.append(
+                captioner.generate(inputs, DECODING_SETTINGS["pure sampling"], decoding_loop=decoding_loop)
+            )
     assert torch.equal(*sequences)
 
 

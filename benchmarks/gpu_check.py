@@ -325,6 +325,8 @@ def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes
                     variant.reward_processes,
                 )  # fmt: skip
                 timers[objective, variant] = StepTimer(trainer, variant.cuda_graphs)
+                if trainer.reward_mix is not None:  # steps timed with every reward process started
+                    trainer.reward_mix.wait_for_processes()
         rollout_watch = Stopwatch(spider_pg_module, "sample_rollouts", device)
         try:
             for repeat in range(warmup + repeats):

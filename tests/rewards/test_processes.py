@@ -2,6 +2,7 @@
 for the rewards that score each caption on its own, and errors that name the problem as they would in process."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -34,6 +35,23 @@ def rows_in_call(*, completions, references, **columns):
 rows_in_call.scores_captions_independently = True
 
 
+class SlowToCopy:
+    """`process_id`, whose copy takes a worker process two seconds to read: the processes start late."""
+
+    scores_captions_independently = True
+
+    def __call__(self, *, completions, references, **columns):
+        return process_id(completions=completions, references=references)
+
+    def __reduce__(self):
+        return _arrive_late, (2.0,)
+
+
+def _arrive_late(seconds):
+    time.sleep(seconds)
+    return SlowToCopy()
+
+
 def caption_length(*, completions, references, **columns):
     return [float(len(completion.split())) for completion in completions]
 
@@ -63,6 +81,7 @@ def mixes(batch):
     for mix in (in_process, in_processes):
         mix.prepare(train)
     chosen = in_processes.use_processes(2)
+    assert in_processes.wait_for_processes(timeout=120)
     yield in_process, in_processes, chosen
     in_processes.close()
 
@@ -92,6 +111,22 @@ def test_processes_give_the_same_rewards_in_the_same_order(mixes, batch):
     np.testing.assert_allclose(
         total - sum(components[name] for name in changed), expected_total - sum(expected[name] for name in changed)
     )
+
+
+def test_calls_before_the_processes_have_started_are_scored_here(batch):
+    _, completions, references, image_ids = batch
+    mix = RewardMix([SlowToCopy()])
+    assert mix.use_processes(2) == ["SlowToCopy"]
+    try:
+        # training goes on while the processes read their copy of the reward
+        _, components = mix.score_groups(completions=completions, references=references, image_id=image_ids)
+        assert set(components["SlowToCopy"]) == {float(os.getpid())}
+        assert mix.wait_for_processes(timeout=120)
+        _, components = mix.score_groups(completions=completions, references=references, image_id=image_ids)
+        assert os.getpid() not in components["SlowToCopy"]
+    finally:
+        mix.close()
+    assert mix.wait_for_processes(timeout=0)  # none left
 
 
 def test_a_reward_that_reads_an_image_tensor_stays_in_the_training_process(mixes, batch):

@@ -111,6 +111,7 @@ def test_rewards_in_worker_processes_train_as_in_the_training_process(
         assert list(trainer.reward_mix._in_processes) == ([0, 1] if reward_processes else [])
         shares = []
         if reward_processes:
+            assert trainer.reward_mix.wait_for_processes(timeout=120)  # else the first calls are scored here
             executor = trainer.reward_mix._processes._executor
             monkeypatch.setattr(executor, "submit", recording(executor.submit, shares))
         trainer.train()

@@ -91,7 +91,9 @@ class RewardMix:
         tensor in `num_processes` worker processes, each call of [`score_groups`] split by rows over them: the same
         values, with the host's other cores. 0 computes everything in this process again.
 
-        Call it after [`prepare`]: the functions are copied into the processes now, with their state.
+        Call it after [`prepare`]: the functions are copied into the processes now, with their state. The processes
+        start in the background; calls made before they have started are scored in this process, with the same
+        values ([`wait_for_processes`] waits for them).
 
         Returns:
             the names of the functions computed in the processes.
@@ -109,6 +111,11 @@ class RewardMix:
             self._processes = RewardProcesses([self.funcs[index] for index in chosen], num_processes)
             self._in_processes = {index: position for position, index in enumerate(chosen)}
         return [self.names[index] for index in self._in_processes]
+
+    def wait_for_processes(self, timeout: float | None = None) -> bool:
+        """Waits until the worker processes of [`use_processes`] have started; returns whether they have within
+        `timeout` seconds (`None`: no limit). True when there are none."""
+        return self._processes is None or self._processes.wait_started(timeout)
 
     def close(self) -> None:
         """Stops the worker processes of [`use_processes`], if any."""

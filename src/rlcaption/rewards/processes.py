@@ -11,10 +11,13 @@ split by rows over processes and the values put back together, the same values i
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
+import threading
+import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -29,6 +32,20 @@ __all__ = ["RewardProcesses", "scores_captions_independently"]
 MIN_ROWS_PER_SHARE = 128
 # the reward functions of a worker process, copied into it when it starts
 _worker_rewards: list[Any] = []
+
+
+def _process_context() -> multiprocessing.context.BaseContext:
+    """A fork server where there is one (not on Windows: spawn). The server imports the library once and forks every
+    worker from that import, so that N workers cost one import of torch and the library, not N; like spawn, it copies
+    no CUDA context or thread of the training process."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # The server's own preload of the training script (`__main__`) never happens through CPython 3.13: the server is
+    # sent the preparation data without the key it reads the script's path from. So the library is named; this holds
+    # for a server not yet started.
+    context.set_forkserver_preload(["__main__", "rlcaption"])
+    return context
 
 
 def scores_captions_independently(func: Any) -> bool:
@@ -50,9 +67,12 @@ class RewardProcesses:
     Worker processes that call reward functions on shares of the rows of a call.
 
     The functions are copied (pickled) into every process when the processes start, with their state at that time
-    (prepare them first: CIDEr-D's document frequencies of the training set, ...). The processes are spawned, not
-    forked, so that a training process's CUDA context and threads are never copied; as with a `DataLoader`'s workers,
-    a training script then needs the `if __name__ == "__main__":` guard.
+    (prepare them first: CIDEr-D's document frequencies of the training set, ...). The processes come from a fork
+    server (spawned where there is none), so that a training process's CUDA context and threads are never copied; as
+    with a `DataLoader`'s workers, a training script then needs the `if __name__ == "__main__":` guard.
+
+    The processes start in the background, which takes seconds (each imports the library): until all of them have
+    started, calls are scored in this process, with the same values, and training does not wait.
 
     Args:
         funcs (`Sequence`): per-caption reward functions that [`scores_captions_independently`], picklable.
@@ -74,31 +94,51 @@ class RewardProcesses:
                 ) from error
         self._executor = ProcessPoolExecutor(
             num_processes,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=_process_context(),
             initializer=_start_worker,
             initargs=(self.funcs,),
         )
-        # start every process now, in the background: each imports the library and unpickles the functions, seconds
-        # that the first training step would otherwise wait for
-        for _ in range(num_processes):
-            self._executor.submit(int)
+        self._started = threading.Event()
+        # the executor starts a process when a task finds none idle, and waits for it to read its functions: started
+        # from this thread, that wait would hold up training
+        threading.Thread(target=self._start_processes, name="reward-processes-start", daemon=True).start()
         # the processes end with this object, or at exit
         self._finalizer = weakref.finalize(self, self._executor.shutdown, wait=False, cancel_futures=True)
+
+    def _start_processes(self) -> None:
+        try:
+            started: set[int] = set()
+            while len(started) < self.num_processes:
+                # one task per process: those up take them all until the others are, so ask again until each answered
+                started.update(
+                    future.result() for future in [self._executor.submit(os.getpid) for _ in range(self.num_processes)]
+                )
+                time.sleep(0.01 if len(started) < self.num_processes else 0)
+        except (RuntimeError, CancelledError):  # a process could not start (the next call says so), or closed
+            pass
+        finally:
+            self._started.set()
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """Waits until every process has started (or one has failed to: the next call raises); returns whether that
+        happened within `timeout` seconds (`None`: no limit)."""
+        return self._started.wait(timeout)
 
     def score(
         self, func_index: int, completions: Sequence[Any], references: Sequence[Any] | None, **columns: Any
     ) -> list[float]:
         """
         `funcs[func_index](completions=completions, references=references, **columns)`, its rows split over the
-        processes in shares of at least `MIN_ROWS_PER_SHARE` (a smaller call is scored in this process): list columns
-        are split with the rows, any other value goes to every share unchanged.
+        processes in shares of at least `MIN_ROWS_PER_SHARE`: list columns are split with the rows, any other value
+        goes to every share unchanged. A smaller call, or one made before the processes have started, is scored in
+        this process.
 
         Returns:
             the values of every row, in the order of `completions`.
         """
         num_rows = len(completions)
         num_shares = min(self.num_processes, num_rows // MIN_ROWS_PER_SHARE)
-        if num_shares <= 1:  # sending the rows would cost more than scoring them here
+        if num_shares <= 1 or not self._started.is_set():  # sending the rows would cost more, or wait
             return list(self.funcs[func_index](completions=completions, references=references, **columns))
         bounds = np.linspace(0, num_rows, num_shares + 1).round().astype(int)
         futures = []

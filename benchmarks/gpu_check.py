@@ -204,6 +204,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def share_of_same_rows(first: torch.Tensor, second: torch.Tensor, pad_token_id: int) -> float:
+    """The share of rows (captions) that two decodings drew token for token. Each decoding is trimmed after its own
+    last end token, so the shorter is padded to the longer's length first."""
+    width = max(first.shape[1], second.shape[1])
+    first, second = (
+        torch.nn.functional.pad(rows, (0, width - rows.shape[1]), value=pad_token_id) for rows in (first, second)
+    )
+    return (first == second).all(dim=1).float().mean().item()
+
+
 def make_blip(processor_captions: list[str], size: str, image_size: int):
     """A BLIP captioner with random weights (`base`: the size of Salesforce/blip-image-captioning-base, 224 M
     parameters) and its own `BlipProcessor`, whose word-piece vocabulary is built from the captions."""

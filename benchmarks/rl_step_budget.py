@@ -26,8 +26,8 @@ default). Before every step the weights are restored (so each repeat samples fro
 set to `--seed + repeat` (the same draws for every objective) and the tokenizer's memo of recent captions is cleared;
 the reward's cache of reference vectors stays warm after the warm-up step, as from the second epoch of training on.
 The objectives' steps are interleaved repeat by repeat, so load on the machine hits them alike. Times are medians of
-`--repeats` steps after `--warmup` steps. The reward time of a step is the wall time of the trainer's
-`compute_rewards` calls inside it (the method wrapped on the trainer instance).
+`--repeats` steps after `--warmup` steps. The reward time of a step is the wall time of the trainer's reward calls
+inside it (`start_rewards` wrapped on the trainer instance, and the wait for each call's result).
 
 The `cider` comparison replays the reward calls of the last measured SCST step and of the last `spider_pg` step
 (its sampled captions and their rollouts) on the same captions and references, normalized once with
@@ -73,7 +73,7 @@ from rlcaption.metrics.cider import DocumentFrequencies
 from rlcaption.metrics.tokenization import normalize_caption
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
 from rlcaption.processing import CaptionProcessor
-from rlcaption.rewards import get_reward
+from rlcaption.rewards import Pending, get_reward
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 OBJECTIVES = ("xe", "scst", "spider_pg")
@@ -91,26 +91,31 @@ class RewardCall:
 
 
 class RewardClock:
-    """Adds up the wall time of a trainer's `compute_rewards` calls and keeps the inputs of the last step's calls.
+    """Adds up the wall time of a trainer's reward calls and keeps the inputs of the last step's calls.
 
-    The method is wrapped on the trainer instance, so the objective's `trainer.compute_rewards(...)` goes through it.
-    Inputs are kept by reference (no copy inside the timed step).
+    `start_rewards` is wrapped on the trainer instance, so the objective's `trainer.start_rewards(...)` and
+    `trainer.compute_rewards(...)` go through it; a call is timed when it starts and again when its result is waited
+    for. Inputs are kept by reference (no copy inside the timed step).
     """
 
     def __init__(self, trainer: RLCaptionTrainer):
         self.seconds = 0.0
         self.calls: list[tuple[Any, ...]] = []
-        original = trainer.compute_rewards
+        original = trainer.start_rewards
 
-        def compute_rewards(completions, inputs, row_index, *args, **kwargs):
+        def timed(function, *args, **kwargs):
             start = time.perf_counter()
             try:
-                return original(completions, inputs, row_index, *args, **kwargs)
+                return function(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - start
-                self.calls.append((completions, inputs, row_index))
 
-        trainer.compute_rewards = compute_rewards
+        def start_rewards(completions, inputs, row_index, *args, **kwargs):
+            self.calls.append((completions, inputs, row_index))
+            pending = timed(original, completions, inputs, row_index, *args, **kwargs)
+            return Pending(lambda: timed(pending.result))
+
+        trainer.start_rewards = start_rewards
 
     def reset(self) -> None:
         self.seconds = 0.0

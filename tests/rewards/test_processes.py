@@ -35,6 +35,17 @@ def rows_in_call(*, completions, references, **columns):
 rows_in_call.scores_captions_independently = True
 
 
+def opened_gate(*, completions, references, gate, **columns):
+    """1.0 for every row if the training process opened the `gate` file while the call waited for it (a minute)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [float(os.path.exists(gate))] * len(completions)
+
+
+opened_gate.scores_captions_independently = True
+
+
 class SlowToCopy:
     """`process_id`, whose copy takes a worker process two seconds to read: the processes start late."""
 
@@ -127,6 +138,21 @@ def test_calls_before_the_processes_have_started_are_scored_here(batch):
     finally:
         mix.close()
     assert mix.wait_for_processes(timeout=0)  # none left
+
+
+def test_rewards_in_processes_run_on_while_the_caller_goes_on(batch, tmp_path):
+    _, completions, references, image_ids = batch
+    mix = RewardMix([opened_gate])
+    mix.use_processes(2)
+    gate = tmp_path / "gate"
+    try:
+        assert mix.wait_for_processes(timeout=120)
+        pending = mix.submit_groups(completions=completions, references=references, image_id=image_ids, gate=str(gate))
+        gate.touch()  # reached while the processes wait for it, only if submitting did not wait for them
+        _, components = pending.result()
+    finally:
+        mix.close()
+    assert set(components["opened_gate"]) == {1.0}
 
 
 def test_a_reward_that_reads_an_image_tensor_stays_in_the_training_process(mixes, batch):

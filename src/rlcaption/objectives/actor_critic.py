@@ -49,7 +49,7 @@ from ..evaluation import with_image_ids
 from ..models.policy_value import PolicyValueCaptioner
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainerInterface, TrainingPhase, register_objective
-from .policy_gradient import policy_gradient_loss, sample_and_reward
+from .policy_gradient import policy_gradient_loss, sample_and_start_rewards
 
 __all__ = [
     "ActorCriticConfig",
@@ -262,16 +262,17 @@ class ActorCriticObjective(CaptionObjective):
         args, trainer = self.args, self.trainer
         image_inputs = image_inputs_of(inputs)
 
-        # 1. captions sampled from the current policy (evaluation mode) and their rewards R
-        samples, sample_index, rewards = sample_and_reward(trainer, inputs, args.num_samples_per_image)
+        # 1. captions sampled from the current policy (evaluation mode) and their rewards R (those in worker processes
+        # run on while the value network's pass is launched)
+        samples, sample_index, pending_rewards = sample_and_start_rewards(trainer, inputs, args.num_samples_per_image)
         sequences = samples.sequences  # (N, T + 1)
         token_mask = caption_token_mask(sequences, trainer.eos_token_id)  # (N, T)
-        rewards = torch.as_tensor(rewards, dtype=torch.float32, device=sequences.device)  # (N,)
 
         # 2. v(s_t) at every prefix, through the wrapped value network (its gradients are synchronised)
         state_values = trainer.auxiliary_network("value")(
             sequences, **image_inputs, image_index=sample_index
         ).float()  # (N, T + 1)
+        rewards = torch.as_tensor(pending_rewards.result(), dtype=torch.float32, device=sequences.device)  # (N,)
 
         # 3. while the value network is pretrained the policy is fixed: it is not even scored
         if self.current_phase().name == "value_pretraining":

@@ -15,6 +15,7 @@ from torch import nn
 from transformers import TrainerState
 
 from ..decoding import GeneratedCaptions
+from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig, register_objective_config
 
 __all__ = [
@@ -117,6 +118,11 @@ class TrainerInterface(Protocol):
         self, completions: list[str], inputs: Mapping[str, Any], row_index: Sequence[int], log_prefix: str = "reward"
     ) -> np.ndarray:
         """The weighted reward of each caption for the image of its batch row, `(len(completions),)`."""
+
+    def start_rewards(
+        self, completions: list[str], inputs: Mapping[str, Any], row_index: Sequence[int], log_prefix: str = "reward"
+    ) -> Pending[np.ndarray]:
+        """`compute_rewards`, its rewards in worker processes still running: `result()` waits for them."""
 
     def record_metric(self, name: str, value: float | torch.Tensor) -> None:
         """Adds a scalar (a float, or a one-element tensor read at the log) to the next training log, averaged over

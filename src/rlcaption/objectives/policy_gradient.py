@@ -11,9 +11,10 @@ import numpy as np
 import torch
 
 from ..decoding import GeneratedCaptions, image_inputs_of
+from ..rewards.processes import Pending
 from .base import TrainerInterface
 
-__all__ = ["policy_gradient_loss", "sample_and_reward", "sample_and_reward_with_greedy"]
+__all__ = ["policy_gradient_loss", "sample_and_start_rewards", "sample_and_start_rewards_with_greedy"]
 
 
 def policy_gradient_loss(
@@ -39,44 +40,44 @@ def policy_gradient_loss(
     return weighted.sum() / token_log_probs.size(0)
 
 
-def sample_and_reward(
+def sample_and_start_rewards(
     trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int
-) -> tuple[GeneratedCaptions, torch.LongTensor, np.ndarray]:
+) -> tuple[GeneratedCaptions, torch.LongTensor, Pending[np.ndarray]]:
     """
     Samples `num_samples` captions per image of the batch from the current policy (evaluation mode, the trainer's
-    sampling settings) and scores them with the trainer's rewards, logged under `reward`.
+    sampling settings) and starts scoring them with the trainer's rewards, logged under `reward`.
 
     Returns:
         `tuple`: the [`GeneratedCaptions`] (`batch_size * num_samples` rows, grouped by image), the batch row of each
-        caption's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`) and their rewards (`np.ndarray`
-        of the same shape).
+        caption's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`) and their rewards ([`Pending`]
+        `np.ndarray` of the same shape: those computed in worker processes run on until `result()`).
     """
     samples = trainer.sample_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
-    return (samples, *_reward_samples(trainer, inputs, samples, num_samples))
+    return (samples, *_start_sample_rewards(trainer, inputs, samples, num_samples))
 
 
-def sample_and_reward_with_greedy(
+def sample_and_start_rewards_with_greedy(
     trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int
-) -> tuple[GeneratedCaptions, torch.LongTensor, np.ndarray, np.ndarray]:
+) -> tuple[GeneratedCaptions, torch.LongTensor, Pending[np.ndarray], Pending[np.ndarray]]:
     """
-    [`sample_and_reward`], and the self-critical baseline: the reward of every image's greedy caption, logged under
-    `greedy`. The images are encoded once for both decodings where the captioner can.
+    [`sample_and_start_rewards`], and the self-critical baseline: the reward of every image's greedy caption, logged
+    under `greedy`. The images are encoded once for both decodings where the captioner can.
 
     Returns:
-        `tuple`: what [`sample_and_reward`] returns, then the greedy captions' rewards (`np.ndarray` of shape
-        `(batch_size,)`).
+        `tuple`: what [`sample_and_start_rewards`] returns, then the greedy captions' rewards ([`Pending`]
+        `np.ndarray` of shape `(batch_size,)`).
     """
     samples, greedy = trainer.sample_and_greedy_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
-    sample_index, rewards = _reward_samples(trainer, inputs, samples, num_samples)
-    greedy_rewards = trainer.compute_rewards(
+    sample_index, rewards = _start_sample_rewards(trainer, inputs, samples, num_samples)
+    greedy_rewards = trainer.start_rewards(
         greedy.texts, inputs, row_index=list(range(len(inputs["references"]))), log_prefix="greedy"
     )
     return samples, sample_index, rewards, greedy_rewards
 
 
-def _reward_samples(
+def _start_sample_rewards(
     trainer: TrainerInterface, inputs: dict[str, Any], samples: GeneratedCaptions, num_samples: int
-) -> tuple[torch.LongTensor, np.ndarray]:
+) -> tuple[torch.LongTensor, Pending[np.ndarray]]:
     batch_size = len(inputs["references"])
     sample_index = torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)
-    return sample_index, trainer.compute_rewards(samples.texts, inputs, row_index=sample_index.tolist())
+    return sample_index, trainer.start_rewards(samples.texts, inputs, row_index=sample_index.tolist())

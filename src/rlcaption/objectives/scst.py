@@ -21,7 +21,7 @@ from ..decoding import (
 )
 from ..rl_config import RLCaptionConfig
 from .base import CaptionObjective, register_objective
-from .policy_gradient import policy_gradient_loss, sample_and_reward, sample_and_reward_with_greedy
+from .policy_gradient import policy_gradient_loss, sample_and_start_rewards, sample_and_start_rewards_with_greedy
 
 __all__ = ["SCSTConfig", "SCSTObjective", "mean_token_entropy"]
 
@@ -90,39 +90,44 @@ class SCSTObjective(CaptionObjective):
         num_samples = args.num_samples_per_image
         batch_size = len(inputs["references"])
 
-        # 1. sample k captions per image from the current policy (and decode the greedy baseline of the same images)
+        # 1. sample k captions per image from the current policy (and decode the greedy baseline of the same images);
+        # the rewards computed in worker processes run on while the samples are scored in 2
         if args.baseline == "greedy":
-            samples, sample_index, rewards, greedy_rewards = sample_and_reward_with_greedy(
+            samples, sample_index, pending_rewards, pending_greedy = sample_and_start_rewards_with_greedy(
                 trainer, inputs, num_samples
             )
         else:
-            samples, sample_index, rewards = sample_and_reward(trainer, inputs, num_samples)  # rewards: (B*k,)
+            samples, sample_index, pending_rewards = sample_and_start_rewards(trainer, inputs, num_samples)
 
-        # 2. baseline, independent of the sample it is subtracted from
+        # 2. the samples' log-probabilities under the distribution that sampled them (evaluation mode, no dropout: see
+        # rlcaption.decoding), with gradient, through the wrapped model; with the entropy bonus, also the entropies
+        # of the same forward pass
+        image_inputs = image_inputs_of(inputs)
+        mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
+        if args.entropy_bonus_weight == 0:
+            log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
+        else:
+            log_probs, entropies = sample_token_log_probs_and_entropies(
+                model, image_inputs, samples.sequences, image_index=sample_index
+            )
+
+        # 3. baseline, independent of the sample it is subtracted from
+        rewards = pending_rewards.result()  # (B*k,)
         if args.baseline == "greedy":
-            baselines = np.repeat(greedy_rewards, num_samples)
+            baselines = np.repeat(pending_greedy.result(), num_samples)
         elif args.baseline == "mean_of_others":
             per_image = rewards.reshape(batch_size, num_samples)
             baselines = ((per_image.sum(axis=1, keepdims=True) - per_image) / (num_samples - 1)).reshape(-1)
         else:
             baselines = np.zeros_like(rewards)
         advantages = torch.as_tensor(rewards - baselines, dtype=torch.float32, device=samples.sequences.device)
-
-        # 3. policy gradient on the samples' log-probabilities under the distribution that sampled them (evaluation
-        # mode, no dropout: see rlcaption.decoding), with gradient, through the wrapped model
-        image_inputs = image_inputs_of(inputs)
-        mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
         trainer.record_metric("advantage_std", advantages.std() if advantages.numel() > 1 else 0.0)
         trainer.record_metric("sample_length", mask.sum(dim=1).mean())
+        loss = policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
         if args.entropy_bonus_weight == 0:
-            log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
-            return policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
+            return loss
 
-        # 4. maximum-entropy bonus (SLL-ME), its entropies from the forward pass that scores the samples
-        log_probs, entropies = sample_token_log_probs_and_entropies(
-            model, image_inputs, samples.sequences, image_index=sample_index
-        )
+        # 4. maximum-entropy bonus (SLL-ME)
         entropy = mean_token_entropy(entropies, mask)
         trainer.record_metric("entropy", entropy)
-        loss = policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
         return loss - args.entropy_bonus_weight * entropy

@@ -17,7 +17,7 @@ from torch import nn
 from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
 from ..metrics.diversity import PAIRWISE_DISTANCES, pairwise_caption_distances
 from .base import CaptionObjective, register_objective
-from .policy_gradient import policy_gradient_loss, sample_and_reward_with_greedy
+from .policy_gradient import policy_gradient_loss, sample_and_start_rewards_with_greedy
 from .scst import SCSTConfig
 
 __all__ = ["SLEConfig", "SLEObjective", "sequence_level_exploration_advantages", "sequence_level_exploration_loss"]
@@ -171,8 +171,10 @@ class SLEObjective(CaptionObjective):
         batch_size = len(inputs["references"])
 
         # 1. s captions per image from the current policy, with their precision rewards and the greedy baseline
-        # rewards: (B*s,), greedy_rewards: (B,)
-        samples, sample_index, rewards, greedy_rewards = sample_and_reward_with_greedy(trainer, inputs, num_samples)
+        # (rewards in worker processes run on until the scoring pass below is launched)
+        samples, sample_index, pending_rewards, pending_greedy = sample_and_start_rewards_with_greedy(
+            trainer, inputs, num_samples
+        )
 
         # 2. distances between the samples of each image, on the tokens the rewards see
         distances = np.stack(
@@ -186,10 +188,11 @@ class SLEObjective(CaptionObjective):
 
         # 3. the surrogate loss on the samples' log-probabilities under the distribution that sampled them
         device = samples.sequences.device
-        rewards_tensor = torch.as_tensor(rewards, dtype=torch.float32, device=device)
-        greedy_tensor = torch.as_tensor(greedy_rewards, dtype=torch.float32, device=device)
         distances_tensor = torch.as_tensor(distances, dtype=torch.float32, device=device)
         log_probs = sample_token_log_probs(model, image_inputs_of(inputs), samples.sequences, image_index=sample_index)
+        rewards = pending_rewards.result()  # (B*s,)
+        rewards_tensor = torch.as_tensor(rewards, dtype=torch.float32, device=device)
+        greedy_tensor = torch.as_tensor(pending_greedy.result(), dtype=torch.float32, device=device)  # (B,)
         mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
         loss = sequence_level_exploration_loss(
             log_probs, mask, rewards_tensor, greedy_tensor, distances_tensor, args.sle_alpha, args.loss_normalization

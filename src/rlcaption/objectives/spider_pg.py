@@ -41,6 +41,7 @@ from ..decoding import (
 )
 from ..models.show_tell_rl import CACHE_NAME
 from ..models.step_decoding import STEPS_BETWEEN_END_CHECKS, logits_warpers
+from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .policy_gradient import policy_gradient_loss
@@ -490,37 +491,32 @@ class SpiderPGObjective(CaptionObjective):
         references = inputs["references"]
         num_paths = args.num_paths_per_image
 
-        # 1. M sampled captions per image and their rewards
+        # 1. M sampled captions per image and their rewards (those computed in worker processes run on while the
+        # rollouts are decoded)
         samples = trainer.sample_captions(image_inputs, num_return_sequences=num_paths)
         sequences = samples.sequences  # (N, T+1)
         device = sequences.device
         sample_index = torch.arange(len(references), device=device).repeat_interleave(num_paths)  # (N,)
         sample_rows = sample_index.tolist()
-        caption_rewards = trainer.compute_rewards(samples.texts, inputs, row_index=sample_rows)  # (N,)
+        caption_rewards = trainer.start_rewards(samples.texts, inputs, row_index=sample_rows)  # (N,)
         token_mask = caption_token_mask(sequences, trainer.eos_token_id)  # (N, T)
 
-        # 2. K rollouts from every non-final prefix, decoded together; Q from their rewards
+        # 2. K rollouts from every non-final prefix, decoded together; Q from their rewards (those computed in worker
+        # processes run on while the forward pass of 3 is launched)
         rollouts = sample_rollouts(
             policy, image_inputs, sequences, token_mask, args.num_rollouts, args.max_caption_length,
             trainer.eos_token_id, self.pad_token_id, image_index=sample_index, temperature=args.temperature,
             top_k=args.top_k, top_p=args.top_p,
         )  # fmt: skip
-        rollout_rewards = np.zeros(0)
+        rollout_rewards = Pending.done(np.zeros(0))
         if rollouts.caption_index.numel():
             rollout_texts = [text.strip() for text in trainer.processing_class.batch_decode(
                 rollouts.sequences, skip_special_tokens=True
             )]  # fmt: skip
             rollout_rows = sample_index[rollouts.caption_index].tolist()
-            rollout_rewards = trainer.compute_rewards(
+            rollout_rewards = trainer.start_rewards(
                 rollout_texts, inputs, row_index=rollout_rows, log_prefix="rollout"
             )
-        q_values = monte_carlo_q_values(
-            token_mask,
-            torch.as_tensor(caption_rewards, dtype=torch.float32, device=device),
-            rollouts,
-            torch.as_tensor(rollout_rewards, dtype=torch.float32, device=device),
-            args.num_rollouts,
-        )  # (N, T)
 
         # 3. log π(g_t | s_t) from one forward pass with gradient (through the wrapped model), B_phi(s_t) from its
         # hidden states (through the wrapped baseline); while the baseline is pretrained, the policy is fixed
@@ -532,6 +528,13 @@ class SpiderPGObjective(CaptionObjective):
                 output_hidden_states=True,
             )  # fmt: skip
         token_log_probs = selective_log_softmax(outputs.logits[:, :-1], sequences[:, 1:])  # (N, T)
+        q_values = monte_carlo_q_values(
+            token_mask,
+            torch.as_tensor(caption_rewards.result(), dtype=torch.float32, device=device),
+            rollouts,
+            torch.as_tensor(rollout_rewards.result(), dtype=torch.float32, device=device),
+            args.num_rollouts,
+        )  # (N, T)
         baseline = trainer.auxiliary_network("baseline")
         baseline_values = baseline(outputs.hidden_states[:, :-1]).float()  # (N, T): B_phi(s_t), s_t = <bos> g_{1:t-1}
         policy_loss, baseline_loss = spider_pg_losses(

@@ -38,7 +38,7 @@ from .metric_rewards import (
     SpiderReward,
 )
 from .mix import RewardMix
-from .processes import RewardProcesses, scores_captions_independently
+from .processes import Pending, RewardProcesses, scores_captions_independently
 from .registry import available_rewards, get_reward, register_reward, reward_parameters, reward_reads_images
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "get_reward",
     "available_rewards",
     "RewardMix",
+    "Pending",
     "RewardProcesses",
     "scores_captions_independently",
     "MetricReward",

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .base import GroupRewardFunc, RewardFunc, group_sizes, is_group_reward, prepare_reward, reward_name
-from .processes import RewardProcesses, scores_captions_independently
+from .processes import Pending, RewardProcesses, scores_captions_independently
 from .registry import get_reward
 
 __all__ = ["RewardMix"]
@@ -157,7 +157,18 @@ class RewardMix:
         references: Sequence[Sequence[str]] | None = None,
         **image_columns: Any,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Scores completions grouped per image, with every image column given once per image.
+        """Scores completions grouped per image: [`submit_groups`]'s result, waited for."""
+        return self.submit_groups(completions=completions, references=references, **image_columns).result()
+
+    def submit_groups(
+        self,
+        *,
+        completions: Sequence[Sequence[Any]],
+        references: Sequence[Sequence[str]] | None = None,
+        **image_columns: Any,
+    ) -> Pending[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """Scores completions grouped per image, with every image column given once per image. The rewards computed
+        in worker processes ([`use_processes`]) run on while the caller goes on; the others are computed now.
 
         Group rewards (`is_group_reward`) are called once with the groups, as given. Every other function is called
         as TRL would call it, one row per completion: the completions flattened in group order, each image's
@@ -179,14 +190,14 @@ class RewardMix:
             **image_columns: one row per image (`image_id` list, `pixel_values` `(num_images, 3, H, W)`, ...).
 
         Returns:
-            `tuple[np.ndarray, dict[str, np.ndarray]]`: the weighted total of shape `(num_completions,)`, and each
-            function's raw values of shape `(num_completions,)` keyed by its logging name, both flat in group order
-            (group 0's completions, then group 1's, ...).
+            [`Pending`] `tuple[np.ndarray, dict[str, np.ndarray]]`: the weighted total of shape `(num_completions,)`,
+            and each function's raw values of shape `(num_completions,)` keyed by its logging name, both flat in group
+            order (group 0's completions, then group 1's, ...).
 
         Raises:
-            `ValueError`: for grouped inputs of the wrong shape (a column without one row per image), or naming the
-                reward function that returned the wrong number of groups or values, or a NaN, an infinity or a
-                non-number, with the image and the completion within its group.
+            `ValueError`: for grouped inputs of the wrong shape (a column without one row per image), or, from the
+                result, naming the reward function that returned the wrong number of groups or values, or a NaN, an
+                infinity or a non-number, with the image and the completion within its group.
         """
         sizes = group_sizes(completions)
         num_images = len(sizes)
@@ -233,23 +244,31 @@ class RewardMix:
                     expanded[column] = np.take(value, image_of, axis=0)
             return expanded[column]
 
-        components = {}
+        components: dict[str, Any] = {}  # each function's checked values, or those its processes are computing
         for index, (name, func, named) in enumerate(zip(self.names, self.funcs, self._named_parameters, strict=True)):
+            if index in self._in_processes and not named & set(arrays):
+                components[name] = self._processes.submit(
+                    self._in_processes[index], flat_completions, flat_references, **repeated
+                )
+                continue
             if isinstance(func, RewardMix):
                 values, _ = func.score_groups(completions=completions, references=references, **image_columns)
             elif is_group_reward(func):
                 grouped = func.score_groups(completions=completions, references=references, **image_columns)
                 values = _flattened_groups(name, grouped, sizes, label)
-            elif index in self._in_processes and not named & set(arrays):
-                values = self._processes.score(
-                    self._in_processes[index], flat_completions, flat_references, **repeated
-                )
             else:
                 columns = dict(repeated)
                 columns.update({column: expand(column) for column in arrays if column in named})
                 values = func(completions=flat_completions, references=flat_references, **columns)
             components[name] = _checked_values(name, values, num_completions, locate)
-        return self._weighted_total(components, num_completions), components
+
+        def collect() -> tuple[np.ndarray, dict[str, np.ndarray]]:
+            for name, values in components.items():
+                if isinstance(values, Pending):
+                    components[name] = _checked_values(name, values.result(), num_completions, locate)
+            return self._weighted_total(components, num_completions), components
+
+        return Pending(collect)
 
     def _weighted_total(self, components: dict[str, np.ndarray], batch_size: int) -> np.ndarray:
         total = np.zeros(batch_size)

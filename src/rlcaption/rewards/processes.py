@@ -16,22 +16,42 @@ import pickle
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from .base import reward_name
 
-__all__ = ["RewardProcesses", "scores_captions_independently"]
+__all__ = ["Pending", "RewardProcesses", "scores_captions_independently"]
 
 # A call is split into shares of at least this many rows: sending a share to a process and its values back costs about
 # what scoring a hundred captions with CIDEr-D costs.
 MIN_ROWS_PER_SHARE = 128
 # the reward functions of a worker process, copied into it when it starts
 _worker_rewards: list[Any] = []
+T = TypeVar("T")
+
+
+class Pending(Generic[T]):
+    """A result that worker processes may still be computing: the training process goes on (e.g. with the forward
+    pass that scores the samples) until it needs it. `result()` waits for it, and raises any error of its
+    computation there."""
+
+    def __init__(self, collect: Callable[[], T]):
+        self._collect = collect
+
+    def result(self) -> T:
+        if self._collect is not None:
+            self._value, self._collect = self._collect(), None
+        return self._value
+
+    @classmethod
+    def done(cls, value: T) -> Pending[T]:
+        """A result computed already."""
+        return cls(lambda: value)
 
 
 def _process_context() -> multiprocessing.context.BaseContext:
@@ -124,22 +144,24 @@ class RewardProcesses:
         happened within `timeout` seconds (`None`: no limit)."""
         return self._started.wait(timeout)
 
-    def score(
+    def submit(
         self, func_index: int, completions: Sequence[Any], references: Sequence[Any] | None, **columns: Any
-    ) -> list[float]:
+    ) -> Pending[list[float]]:
         """
-        `funcs[func_index](completions=completions, references=references, **columns)`, its rows split over the
+        Starts `funcs[func_index](completions=completions, references=references, **columns)`, its rows split over the
         processes in shares of at least `MIN_ROWS_PER_SHARE`: list columns are split with the rows, any other value
         goes to every share unchanged. A smaller call, or one made before the processes have started, is scored in
-        this process.
+        this process, now.
 
         Returns:
-            the values of every row, in the order of `completions`.
+            the values of every row, in the order of `completions`, once computed.
         """
         num_rows = len(completions)
         num_shares = min(self.num_processes, num_rows // MIN_ROWS_PER_SHARE)
         if num_shares <= 1 or not self._started.is_set():  # sending the rows would cost more, or wait
-            return list(self.funcs[func_index](completions=completions, references=references, **columns))
+            return Pending.done(
+                list(self.funcs[func_index](completions=completions, references=references, **columns))
+            )
         bounds = np.linspace(0, num_rows, num_shares + 1).round().astype(int)
         futures = []
         for start, end in zip(bounds[:-1], bounds[1:], strict=True):
@@ -149,13 +171,18 @@ class RewardProcesses:
                 **{name: value[start:end] if isinstance(value, list) else value for name, value in columns.items()},
             }
             futures.append(self._executor.submit(_score_rows, func_index, share))
-        try:
-            return [value for future in futures for value in future.result()]
-        except BrokenProcessPool as error:
-            raise RuntimeError(
-                f"The worker processes computing reward {reward_name(self.funcs[func_index])!r} stopped ({error}); "
-                "compute the rewards in the training process (reward_processes=0) to see the reward's own error."
-            ) from error
+
+        def collect() -> list[float]:
+            try:
+                return [value for future in futures for value in future.result()]
+            except BrokenProcessPool as error:
+                name = reward_name(self.funcs[func_index])
+                raise RuntimeError(
+                    f"The worker processes computing reward {name!r} stopped ({error}); compute the rewards in the "
+                    "training process (reward_processes=0) to see the reward's own error."
+                ) from error
+
+        return Pending(collect)
 
     def close(self) -> None:
         """Stops the worker processes."""

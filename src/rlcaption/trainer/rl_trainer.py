@@ -24,7 +24,7 @@ from ..data.collator import CaptionCollator
 from ..decoding import GeneratedCaptions, generate_caption_sets, generate_captions
 from ..hub import HUB_CONNECTION_ERRORS
 from ..objectives.base import AuxiliaryNetwork, get_objective_class
-from ..rewards import RewardMix, get_reward, is_group_reward, reward_parameters
+from ..rewards import Pending, RewardMix, get_reward, is_group_reward, reward_parameters
 from ..rl_config import RLCaptionConfig
 from .caption_evaluation import CaptionEvaluationMixin
 from .learning_rate_schedule import captioner_step_schedule
@@ -347,7 +347,25 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         log_prefix: str = "reward",
     ) -> np.ndarray:
         """
-        Scores captions with the weighted reward mix and records each reward's mean and std.
+        Scores captions with the weighted reward mix and records each reward's mean and std: [`start_rewards`]'s
+        result, waited for.
+
+        Returns:
+            `np.ndarray` of shape `(N,)`, the weighted total of each caption, in the order of `completions`.
+        """
+        return self.start_rewards(completions, inputs, row_index, log_prefix).result()
+
+    def start_rewards(
+        self,
+        completions: list[str],
+        inputs: Mapping[str, Any],
+        row_index: Sequence[int],
+        log_prefix: str = "reward",
+    ) -> Pending[np.ndarray]:
+        """
+        Starts scoring captions with the weighted reward mix; each reward's mean and std are recorded with the
+        result. The rewards computed in worker processes (`reward_processes`) run on while the objective goes on,
+        e.g. with the forward pass that scores the samples; the others are computed now.
 
         The captions are grouped by image: set-level rewards (`score_groups`) see every image's captions together and
         each image's columns once; per-caption rewards see one row per caption.
@@ -362,7 +380,8 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         `args.log_completions`.
 
         Returns:
-            `np.ndarray` of shape `(N,)`, the weighted total of each caption, in the order of `completions`.
+            [`Pending`] `np.ndarray` of shape `(N,)`, the weighted total of each caption, in the order of
+            `completions`.
         """
         if self.reward_mix is None:
             raise RuntimeError(f"Objective {self.args.objective!r} declared no rewards but asked for them.")
@@ -373,20 +392,25 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         groups: list[list[int]] = [[] for _ in rows]
         for caption, row in enumerate(row_index):
             groups[position[row]].append(caption)
-        totals, components = self.reward_mix.score_groups(
+        scores = self.reward_mix.submit_groups(
             completions=[[completions[caption] for caption in group] for group in groups],
             references=[inputs["references"][row] for row in rows],
             **self._image_columns(inputs, rows),
         )
-        for name, values in components.items():
-            self.record_metric(f"{log_prefix}/{name}/mean", float(np.mean(values)))
-            self.record_metric(f"{log_prefix}/{name}/std", float(np.std(values)))
-        self.record_metric(log_prefix, float(np.mean(totals)))
-        if log_prefix == "reward" and self.args.log_completions:
-            self._keep_completions(groups, rows, completions, inputs, totals, components)
-        rewards = np.empty(len(completions), dtype=np.float64)
-        rewards[[caption for group in groups for caption in group]] = totals  # back from group order
-        return rewards
+
+        def collect() -> np.ndarray:
+            totals, components = scores.result()
+            for name, values in components.items():
+                self.record_metric(f"{log_prefix}/{name}/mean", float(np.mean(values)))
+                self.record_metric(f"{log_prefix}/{name}/std", float(np.std(values)))
+            self.record_metric(log_prefix, float(np.mean(totals)))
+            if log_prefix == "reward" and self.args.log_completions:
+                self._keep_completions(groups, rows, completions, inputs, totals, components)
+            rewards = np.empty(len(completions), dtype=np.float64)
+            rewards[[caption for group in groups for caption in group]] = totals  # back from group order
+            return rewards
+
+        return Pending(collect)
 
     def _keep_completions(self, groups, rows, completions, inputs, totals, components) -> None:
         """Keeps the first `args.num_completions_to_print` scored captions for the next training log; only those

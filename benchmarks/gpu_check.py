@@ -460,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4, help="Recipes run at once.")
     parser.add_argument("--warmup", type=int, default=3, help="Untimed steps first.")
     parser.add_argument("--repeats", type=int, default=10, help="Timed steps (median).")
+    parser.add_argument(
+        "--images", type=int, nargs="+", help="Batch sizes of the ShowTellRL step budget (default: 32 128 on a GPU)."
+    )
     parser.add_argument("--skip-blip", action="store_true", help="No BLIP-base-size rows.")
     parser.add_argument("--skip-budget", action="store_true", help="Recipes only (part 1).")
     parser.add_argument(
@@ -472,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA GPU here: run with --device cpu for the CPU form of the check.")
-    sizes = SIZES[device.type]
+    sizes = SIZES[device.type] | ({"show_tell": tuple(args.images)} if args.images else {})
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

@@ -91,8 +91,8 @@ class RewardProcesses:
     server (spawned where there is none), so that a training process's CUDA context and threads are never copied; as
     with a `DataLoader`'s workers, a training script then needs the `if __name__ == "__main__":` guard.
 
-    The processes start in the background, which takes seconds (each imports the library): until all of them have
-    started, calls are scored in this process, with the same values, and training does not wait.
+    The processes start in the background, which takes seconds (the fork server imports the library): until all of
+    them have started, calls are scored in this process, with the same values, and training does not wait.
 
     Args:
         funcs (`Sequence`): per-caption reward functions that [`scores_captions_independently`], picklable.
@@ -129,11 +129,12 @@ class RewardProcesses:
         try:
             started: set[int] = set()
             while len(started) < self.num_processes:
-                # one task per process: those up take them all until the others are, so ask again until each answered
+                if started:  # the processes already up took every task: give the others time to start
+                    time.sleep(0.01)
+                # one task per process, until each process has answered one
                 started.update(
                     future.result() for future in [self._executor.submit(os.getpid) for _ in range(self.num_processes)]
                 )
-                time.sleep(0.01 if len(started) < self.num_processes else 0)
         except (RuntimeError, CancelledError):  # a process could not start (the next call says so), or closed
             pass
         finally:

@@ -2,6 +2,8 @@
 for the rewards that score each caption on its own, and errors that name the problem as they would in process."""
 
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -61,6 +63,22 @@ class SlowToCopy:
 def _arrive_late(seconds):
     time.sleep(seconds)
     return SlowToCopy()
+
+
+class UnreadableInProcesses:
+    """`process_id`, whose copy a worker process cannot read: the processes fail to start."""
+
+    scores_captions_independently = True
+
+    def __call__(self, *, completions, references, **columns):
+        return process_id(completions=completions, references=references)
+
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
+def _refuse_to_load():
+    raise ImportError("no module named 'reward_dependency'")
 
 
 def caption_length(*, completions, references, **columns):
@@ -137,7 +155,9 @@ def test_calls_before_the_processes_have_started_are_scored_here(batch):
         assert os.getpid() not in components["SlowToCopy"]
     finally:
         mix.close()
-    assert mix.wait_for_processes(timeout=0)  # none left
+    for worker in set(components["SlowToCopy"]):  # closing ended the processes
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(worker), 0)
 
 
 def test_rewards_in_processes_run_on_while_the_caller_goes_on(batch, tmp_path):
@@ -153,6 +173,35 @@ def test_rewards_in_processes_run_on_while_the_caller_goes_on(batch, tmp_path):
     finally:
         mix.close()
     assert set(components["opened_gate"]) == {1.0}
+
+
+def test_processes_that_could_not_start_are_named_at_the_next_call(batch):
+    _, completions, references, image_ids = batch
+    mix = RewardMix([UnreadableInProcesses()])
+    mix.use_processes(2)
+    try:
+        assert mix.wait_for_processes(timeout=120)
+        with pytest.raises(RuntimeError, match="reward 'UnreadableInProcesses' stopped or could not start"):
+            mix.score_groups(completions=completions[:1], references=references[:1], image_id=image_ids[:1])
+    finally:
+        mix.close()
+
+
+def test_a_script_without_the_main_guard_trains_in_one_process_only(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import os\n"
+        "from rlcaption.rewards import BleuReward, RewardProcesses\n"
+        "processes = RewardProcesses([BleuReward()], 1)\n"
+        "processes.wait_started(120)\n"
+        "print('training in', os.getpid(), flush=True)\n"
+        "processes.submit(0, ['a dog'], [['a dog runs']]).result()\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert result.stdout.count("training in") == 1
+    assert 'needs the `if __name__ == "__main__":` guard' in result.stderr
+    assert "reward 'bleu_4' stopped or could not start" in result.stderr
 
 
 def test_a_reward_that_reads_an_image_tensor_stays_in_the_training_process(mixes, batch):

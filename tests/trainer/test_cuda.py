@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from objective_steps import case_id, make_step_trainer
@@ -21,6 +22,7 @@ from rlcaption.decoding import evaluation_mode, generate_captions
 from rlcaption.models import step_decoding
 from rlcaption.models.blip_decoding import decode_blip
 from rlcaption.models.recurrent_decoding import decode_recurrent
+from rlcaption.objectives.base import reward_tensor
 from tiny_captioners import BLIP_IMAGE_SIZE, DECODING_SETTINGS, make_blip, regions_show_tell
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -141,3 +143,12 @@ def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, pre
                 for parameter in model.parameters():
                     parameter.add_(0.05 * torch.randn_like(parameter))
         assert 0 < len(step_decoding._DECODING_GRAPHS[model]) <= step_decoding.MAX_DECODING_GRAPHS_PER_MODEL
+
+
+def test_rewards_reach_the_gpu_behind_the_queued_work_unchanged():
+    values = np.linspace(-1.0, 2.0, 1000)
+    queued = torch.randn(2048, 2048, device="cuda") @ torch.randn(2048, 2048, device="cuda")  # still running
+    rewards = reward_tensor(values, torch.device("cuda"))
+    assert rewards.device.type == "cuda" and rewards.dtype == torch.float32
+    torch.testing.assert_close(rewards.cpu(), torch.as_tensor(values, dtype=torch.float32), rtol=0, atol=0)
+    assert torch.isfinite(queued).all()

@@ -48,7 +48,14 @@ from ..decoding import caption_token_mask, evaluation_mode, image_inputs_of, sam
 from ..evaluation import with_image_ids
 from ..models.policy_value import PolicyValueCaptioner
 from ..rl_config import RLCaptionConfig
-from .base import AuxiliaryNetwork, CaptionObjective, TrainerInterface, TrainingPhase, register_objective
+from .base import (
+    AuxiliaryNetwork,
+    CaptionObjective,
+    TrainerInterface,
+    TrainingPhase,
+    register_objective,
+    reward_tensor,
+)
 from .policy_gradient import policy_gradient_loss, sample_and_start_rewards
 
 __all__ = [
@@ -272,7 +279,7 @@ class ActorCriticObjective(CaptionObjective):
         state_values = trainer.auxiliary_network("value")(
             sequences, **image_inputs, image_index=sample_index
         ).float()  # (N, T + 1)
-        rewards = torch.as_tensor(pending_rewards.result(), dtype=torch.float32, device=sequences.device)  # (N,)
+        rewards = reward_tensor(pending_rewards.result(), sequences.device)  # (N,)
 
         # 3. while the value network is pretrained the policy is fixed: it is not even scored
         if self.current_phase().name == "value_pretraining":

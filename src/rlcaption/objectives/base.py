@@ -26,6 +26,7 @@ __all__ = [
     "available_objectives",
     "get_objective_class",
     "register_objective",
+    "reward_tensor",
 ]
 
 _OBJECTIVES: dict[str, type[CaptionObjective]] = {}
@@ -218,3 +219,15 @@ def get_objective_class(name: str) -> type[CaptionObjective]:
         return _OBJECTIVES[name]
     except KeyError:
         raise ValueError(f"Unknown objective {name!r}; available objectives: {available_objectives()}.") from None
+
+
+def reward_tensor(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """
+    Rewards (or advantages) as a float32 tensor on `device`. On a GPU they are copied from pinned memory without
+    waiting: a copy from ordinary host memory first waits for every kernel queued before it, and objectives collect
+    their rewards just after launching the forward pass that scores the samples.
+    """
+    tensor = torch.as_tensor(np.asarray(values, dtype=np.float32))
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

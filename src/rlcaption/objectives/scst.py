@@ -20,7 +20,7 @@ from ..decoding import (
     sample_token_log_probs_and_entropies,
 )
 from ..rl_config import RLCaptionConfig
-from .base import CaptionObjective, register_objective
+from .base import CaptionObjective, register_objective, reward_tensor
 from .policy_gradient import policy_gradient_loss, sample_and_start_rewards, sample_and_start_rewards_with_greedy
 
 __all__ = ["SCSTConfig", "SCSTObjective", "mean_token_entropy"]
@@ -120,7 +120,7 @@ class SCSTObjective(CaptionObjective):
             baselines = ((per_image.sum(axis=1, keepdims=True) - per_image) / (num_samples - 1)).reshape(-1)
         else:
             baselines = np.zeros_like(rewards)
-        advantages = torch.as_tensor(rewards - baselines, dtype=torch.float32, device=samples.sequences.device)
+        advantages = reward_tensor(rewards - baselines, samples.sequences.device)
         trainer.record_metric("advantage_std", advantages.std() if advantages.numel() > 1 else 0.0)
         trainer.record_metric("sample_length", mask.sum(dim=1).mean())
         loss = policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)

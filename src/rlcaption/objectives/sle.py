@@ -16,7 +16,7 @@ from torch import nn
 
 from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
 from ..metrics.diversity import PAIRWISE_DISTANCES, pairwise_caption_distances
-from .base import CaptionObjective, register_objective
+from .base import CaptionObjective, register_objective, reward_tensor
 from .policy_gradient import policy_gradient_loss, sample_and_start_rewards_with_greedy
 from .scst import SCSTConfig
 
@@ -191,8 +191,8 @@ class SLEObjective(CaptionObjective):
         distances_tensor = torch.as_tensor(distances, dtype=torch.float32, device=device)
         log_probs = sample_token_log_probs(model, image_inputs_of(inputs), samples.sequences, image_index=sample_index)
         rewards = pending_rewards.result()  # (B*s,)
-        rewards_tensor = torch.as_tensor(rewards, dtype=torch.float32, device=device)
-        greedy_tensor = torch.as_tensor(pending_greedy.result(), dtype=torch.float32, device=device)  # (B,)
+        rewards_tensor = reward_tensor(rewards, device)
+        greedy_tensor = reward_tensor(pending_greedy.result(), device)  # (B,)
         mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
         loss = sequence_level_exploration_loss(
             log_probs, mask, rewards_tensor, greedy_tensor, distances_tensor, args.sle_alpha, args.loss_normalization

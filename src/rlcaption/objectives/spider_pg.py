@@ -43,7 +43,7 @@ from ..models.show_tell_rl import CACHE_NAME
 from ..models.step_decoding import STEPS_BETWEEN_END_CHECKS, logits_warpers
 from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig
-from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
+from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective, reward_tensor
 from .policy_gradient import policy_gradient_loss
 
 __all__ = [
@@ -530,9 +530,9 @@ class SpiderPGObjective(CaptionObjective):
         token_log_probs = selective_log_softmax(outputs.logits[:, :-1], sequences[:, 1:])  # (N, T)
         q_values = monte_carlo_q_values(
             token_mask,
-            torch.as_tensor(caption_rewards.result(), dtype=torch.float32, device=device),
+            reward_tensor(caption_rewards.result(), device),
             rollouts,
-            torch.as_tensor(rollout_rewards.result(), dtype=torch.float32, device=device),
+            reward_tensor(rollout_rewards.result(), device),
             args.num_rollouts,
         )  # (N, T)
         baseline = trainer.auxiliary_network("baseline")

@@ -11,6 +11,7 @@ split by rows over processes and the values put back together, the same values i
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
 import threading
@@ -61,10 +62,12 @@ def _process_context() -> multiprocessing.context.BaseContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    # The server's own preload of the training script (`__main__`) never happens through CPython 3.13: the server is
-    # sent the preparation data without the key it reads the script's path from. So the library is named; this holds
-    # for a server not yet started.
-    context.set_forkserver_preload(["__main__", "rlcaption"])
+    # The server's own preload of the training script (`__main__`) never happens before CPython 3.14 and some 3.13
+    # releases (the server reads a key of the preparation data that it is not sent), so the library is added to the
+    # modules it preloads, those already set kept; this holds for a server not yet started.
+    preload = getattr(multiprocessing.forkserver._forkserver, "_preload_modules", None) or ["__main__"]
+    if "rlcaption" not in preload:
+        context.set_forkserver_preload([*preload, "rlcaption"])
     return context
 
 
@@ -74,8 +77,8 @@ def scores_captions_independently(func: Any) -> bool:
     return bool(getattr(func, "scores_captions_independently", False))
 
 
-def _start_worker(rewards: list[Any]) -> None:
-    _worker_rewards[:] = rewards
+def _start_worker(pickled_rewards: bytes) -> None:
+    _worker_rewards[:] = pickle.loads(pickled_rewards)
 
 
 def _score_rows(reward_index: int, inputs: dict[str, Any]) -> list[float]:
@@ -102,6 +105,13 @@ class RewardProcesses:
     def __init__(self, funcs: Sequence[Any], num_processes: int):
         if num_processes < 1:
             raise ValueError(f"num_processes must be >= 1, got {num_processes}.")
+        if getattr(multiprocessing.current_process(), "_inheriting", False):
+            # this is a worker process importing a training script that creates the processes at its top level: it
+            # must neither start processes of its own nor go on to train
+            raise RuntimeError(
+                "Reward worker processes were asked for while a worker process was starting: the training script "
+                'needs the `if __name__ == "__main__":` guard around the training, as for DataLoader workers.'
+            )
         self.funcs = list(funcs)
         self.num_processes = num_processes
         for func in self.funcs:
@@ -116,9 +126,12 @@ class RewardProcesses:
             num_processes,
             mp_context=_process_context(),
             initializer=_start_worker,
-            initargs=(self.funcs,),
+            # pickled here, so that every process gets the functions as they are now, not as they are (perhaps in
+            # the middle of a call) when the background thread starts it
+            initargs=(pickle.dumps(self.funcs),),
         )
         self._started = threading.Event()
+        self._start_error: BaseException | None = None
         # the executor starts a process when a task finds none idle, and waits for it to read its functions: started
         # from this thread, that wait would hold up training
         threading.Thread(target=self._start_processes, name="reward-processes-start", daemon=True).start()
@@ -135,8 +148,10 @@ class RewardProcesses:
                 started.update(
                     future.result() for future in [self._executor.submit(os.getpid) for _ in range(self.num_processes)]
                 )
-        except (RuntimeError, CancelledError):  # a process could not start (the next call says so), or closed
+        except CancelledError:  # closed while starting
             pass
+        except Exception as error:  # a process could not start: the next call says so
+            self._start_error = error
         finally:
             self._started.set()
 
@@ -144,6 +159,13 @@ class RewardProcesses:
         """Waits until every process has started (or one has failed to: the next call raises); returns whether that
         happened within `timeout` seconds (`None`: no limit)."""
         return self._started.wait(timeout)
+
+    def _stopped(self, func_index: int, error: BaseException) -> RuntimeError:
+        return RuntimeError(
+            f"The worker processes computing reward {reward_name(self.funcs[func_index])!r} stopped or could not "
+            f"start ({type(error).__name__}: {error}); compute the rewards in the training process "
+            "(reward_processes=0) to see the reward's own error."
+        )
 
     def submit(
         self, func_index: int, completions: Sequence[Any], references: Sequence[Any] | None, **columns: Any
@@ -157,6 +179,8 @@ class RewardProcesses:
         Returns:
             the values of every row, in the order of `completions`, once computed.
         """
+        if self._start_error is not None:
+            raise self._stopped(func_index, self._start_error) from self._start_error
         num_rows = len(completions)
         num_shares = min(self.num_processes, num_rows // MIN_ROWS_PER_SHARE)
         if num_shares <= 1 or not self._started.is_set():  # sending the rows would cost more, or wait
@@ -177,11 +201,7 @@ class RewardProcesses:
             try:
                 return [value for future in futures for value in future.result()]
             except BrokenProcessPool as error:
-                name = reward_name(self.funcs[func_index])
-                raise RuntimeError(
-                    f"The worker processes computing reward {name!r} stopped ({error}); compute the rewards in the "
-                    "training process (reward_processes=0) to see the reward's own error."
-                ) from error
+                raise self._stopped(func_index, error) from error
 
         return Pending(collect)
 

@@ -96,6 +96,29 @@ def test_decode_stops_at_first_eos_and_skips_special_tokens(processor):
     assert processor.batch_decode(ids, skip_special_tokens=False)[0] == "<bos> a red <eos>"
 
 
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+@pytest.mark.parametrize("clean_up_tokenization_spaces", [None, True])
+def test_batch_decoding_equals_the_tokenizer_decoding_each_caption(
+    processor, skip_special_tokens, clean_up_tokenization_spaces
+):
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, len(processor.tokenizer), (200, 12), generator=generator)  # specials anywhere
+    ids[:, 0] = 1
+    eos = processor.tokenizer.eos_token_id
+    expected = []
+    for row in ids.tolist():
+        cut = row[: row.index(eos, 1) + 1] if eos in row[1:] else row
+        expected.append(
+            processor.tokenizer.decode(
+                cut, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=clean_up_tokenization_spaces
+            )
+        )
+    kwargs = {} if clean_up_tokenization_spaces is None else {"clean_up_tokenization_spaces": True}
+    decoded = processor.batch_decode(ids, skip_special_tokens=skip_special_tokens, **kwargs)
+    assert decoded == expected
+    assert sum(eos in row[1:] for row in ids.tolist()) > 50  # many captions were cut at their end token
+
+
 def test_save_load_round_trip(tmp_path, processor):
     processor.save_pretrained(tmp_path)
     for loaded in (CaptionProcessor.from_pretrained(tmp_path), AutoProcessor.from_pretrained(tmp_path)):

@@ -1,6 +1,7 @@
 """Rewards computed in worker processes (`RewardMix.use_processes`): the same values as in the training process, only
 for the rewards that score each caption on its own, and errors that name the problem as they would in process."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -187,6 +188,14 @@ def test_processes_that_could_not_start_are_named_at_the_next_call(batch):
         mix.close()
 
 
+def test_processes_are_refused_to_a_worker_process_still_starting(monkeypatch):
+    # what a worker sees while it imports a training script that lacks the main guard
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(RuntimeError, match='needs the `if __name__ == "__main__":` guard'):
+        RewardMix(["bleu"]).use_processes(2)
+
+
+@pytest.mark.slow
 def test_a_script_without_the_main_guard_trains_in_one_process_only(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(

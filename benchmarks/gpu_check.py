@@ -469,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
         "--reward-processes", type=int, default=0,
         help="Also time the ShowTellRL steps with their rewards in this many worker processes.",
     )  # fmt: skip
-    parser.add_argument("--profile", type=Path, help="Also profile one ShowTellRL SCST step into this text file.")
+    parser.add_argument(
+        "--profile", type=Path, help="Also profile one ShowTellRL XE and SCST step (and BLIP's SCST) into this file."
+    )
     parser.add_argument("--output", type=Path, default=Path("runs/benchmarks/gpu_check.json"))
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -529,16 +531,20 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     report("curve", curve, "ShowTellRL throughput, XE and SCST alone (5 samples per image):\n\n" + curve_table(curve))
     if args.profile:
-        profiled = [("ShowTellRL", show_tell, max(sizes["show_tell"]), False)]
-        profiled += [] if args.skip_blip else [("BLIP", blip, max(sizes["blip"]), True)]
+        # XE beside SCST: what an SCST step adds to the host's work, launch for launch
+        profiled = [
+            ("ShowTellRL", show_tell, max(sizes["show_tell"]), False, objective) for objective in ("xe", "scst")
+        ]
+        profiled += [] if args.skip_blip else [("BLIP", blip, max(sizes["blip"]), True, "scst")]
         sections = []
-        for model_name, build, batch_size, bf16 in profiled:
+        for model_name, build, batch_size, bf16, objective in profiled:
             model, processor = build()
-            trainer = make_trainer("scst", model, processor, shapes["train"], batch_size, device, bf16, scratch)
-            sections.append(f"# {model_name} SCST step, {batch_size} images x 5\n\n{profile_step(trainer)}")
+            trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
+            title = f"# {model_name} {objective.upper()} step, {batch_size} images"
+            sections.append(f"{title}\n\n{profile_step(trainer)}")
         args.profile.parent.mkdir(parents=True, exist_ok=True)
         args.profile.write_text("\n\n".join(sections))
-        print(f"Profiles of one SCST step: {args.profile}")
+        print(f"Profiles of one XE and SCST step: {args.profile}")
     print(f"Targets: {json.dumps(TARGETS)}; {time.perf_counter() - started:.0f} s in all")
     return 0 if all(run["ok"] for run in recipes) else 1
 

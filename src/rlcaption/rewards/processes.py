@@ -77,8 +77,18 @@ def scores_captions_independently(func: Any) -> bool:
     return bool(getattr(func, "scores_captions_independently", False))
 
 
-def _start_worker(pickled_rewards: bytes) -> None:
-    _worker_rewards[:] = pickle.loads(pickled_rewards)
+def _start_worker(pickled_rewards: list[bytes]) -> None:
+    _worker_rewards[:] = [pickle.loads(pickled) for pickled in pickled_rewards]
+
+
+def _pickled(func: Any) -> bytes:
+    try:
+        return pickle.dumps(func)
+    except Exception as error:  # pickling raises whatever the object's reducers raise
+        raise ValueError(
+            f"Reward {reward_name(func)!r} cannot be copied into worker processes ({error}): define it at the top "
+            "level of a module, or compute the rewards in the training process (reward_processes=0)."
+        ) from error
 
 
 def _score_rows(reward_index: int, inputs: dict[str, Any]) -> list[float]:
@@ -114,21 +124,13 @@ class RewardProcesses:
             )
         self.funcs = list(funcs)
         self.num_processes = num_processes
-        for func in self.funcs:
-            try:
-                pickle.dumps(func)
-            except Exception as error:  # pickling raises whatever the object's reducers raise
-                raise ValueError(
-                    f"Reward {reward_name(func)!r} cannot be copied into worker processes ({error}): define it at "
-                    "the top level of a module, or compute the rewards in the training process (reward_processes=0)."
-                ) from error
         self._executor = ProcessPoolExecutor(
             num_processes,
             mp_context=_process_context(),
             initializer=_start_worker,
             # pickled here, so that every process gets the functions as they are now, not as they are (perhaps in
             # the middle of a call) when the background thread starts it
-            initargs=(pickle.dumps(self.funcs),),
+            initargs=([_pickled(func) for func in self.funcs],),
         )
         self._started = threading.Event()
         self._start_error: BaseException | None = None

@@ -65,6 +65,7 @@ import datasets
 import numpy as np
 import torch
 from bench_metrics import FixedDocumentFrequencyCiderScorer  # run as a script: benchmarks/ is on the path
+from gpu_check import Stopwatch
 from pycocoevalcap.cider.cider import Cider
 
 from rlcaption.data import load_shapes
@@ -73,7 +74,7 @@ from rlcaption.metrics.cider import DocumentFrequencies
 from rlcaption.metrics.tokenization import normalize_caption
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
 from rlcaption.processing import CaptionProcessor
-from rlcaption.rewards import Pending, get_reward
+from rlcaption.rewards import get_reward
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 OBJECTIVES = ("xe", "scst", "spider_pg")
@@ -95,30 +96,26 @@ class RewardClock:
 
     `start_rewards` is wrapped on the trainer instance, so the objective's `trainer.start_rewards(...)` and
     `trainer.compute_rewards(...)` go through it; a call is timed when it starts and again when its result is waited
-    for. Inputs are kept by reference (no copy inside the timed step).
+    for (`gpu_check.Stopwatch`). Inputs are kept by reference (no copy inside the timed step).
     """
 
     def __init__(self, trainer: RLCaptionTrainer):
-        self.seconds = 0.0
         self.calls: list[tuple[Any, ...]] = []
         original = trainer.start_rewards
 
-        def timed(function, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
         def start_rewards(completions, inputs, row_index, *args, **kwargs):
             self.calls.append((completions, inputs, row_index))
-            pending = timed(original, completions, inputs, row_index, *args, **kwargs)
-            return Pending(lambda: timed(pending.result))
+            return original(completions, inputs, row_index, *args, **kwargs)
 
         trainer.start_rewards = start_rewards
+        self.watch = Stopwatch(trainer, "start_rewards", trainer.args.device)
+
+    @property
+    def seconds(self) -> float:
+        return self.watch.seconds
 
     def reset(self) -> None:
-        self.seconds = 0.0
+        self.watch.seconds = 0.0
         self.calls = []
 
     def recorded_calls(self) -> list[RewardCall]:

@@ -102,6 +102,8 @@ def test_the_card_reports_the_recalls_of_eval_results(trained):
     assert f'get_reward("embedding", model="{HUB_ID}")' in card.text
 
 
+# slow: the published embedding loads by hub id in the main suite (tests/test_published_checkpoints.py)
+@pytest.mark.slow
 def test_the_embedding_loads_by_hub_id_through_a_local_hub_cache_offline(trained, test_split, tmp_path):
     output_dir, _ = trained
     image_path = tmp_path / "scene.png"

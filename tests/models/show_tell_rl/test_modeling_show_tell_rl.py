@@ -460,6 +460,9 @@ def build_local_hub_cache(cache_dir, repo_id: str, model_dir) -> None:
         (snapshot / file.name).write_bytes(file.read_bytes())
 
 
+# slow: the published checkpoints load by hub id in the main suite (tests/test_published_checkpoints.py), and
+# AutoModel reads saved folders there too (test_saved_checkpoint_loads_with_trust_remote_code_without_rlcaption)
+@pytest.mark.slow
 def test_load_by_hub_id_from_local_cache_offline(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path / "saved")

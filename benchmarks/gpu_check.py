@@ -184,13 +184,18 @@ def run_recipes(recipes, precisions, device: str, jobs: int, scratch: Path) -> l
 class Stopwatch:
     """Adds up the wall time of calls to a method or function, synchronising the device around each call. A call
     that returns a [`Pending`] result (rewards still computed in worker processes) is timed again when its result is
-    waited for: the time the processes' work was not hidden behind the step's other work."""
+    waited for: the time the processes' work was not hidden behind the step's other work. The synchronisations keep
+    the host from queueing work ahead of the device, as a step does past its sampling: steps timed as a whole run
+    with the watch off (`active = False`)."""
 
     def __init__(self, owner: Any, name: str, device: torch.device):
         self.seconds = 0.0
+        self.active = True
         original = getattr(owner, name)
 
         def timed(*args, **kwargs):
+            if not self.active:
+                return original(*args, **kwargs)
             synchronize(device)
             start = time.perf_counter()
             try:
@@ -295,7 +300,9 @@ def optimizer_step(trainer: RLCaptionTrainer, batch: dict[str, Any]) -> None:
 
 class StepTimer:
     """Times full optimizer steps of one trainer on one batch, each from the same weights and seed, with the shares
-    of sampling and rewards. With `cuda_graphs=False` its decodings go step by step instead of as CUDA graphs."""
+    of sampling and rewards. Each repeat runs two steps: one timed as a whole, and one whose sampling and reward calls
+    are timed apart for their shares (their synchronisations would slow the whole). With `cuda_graphs=False` its
+    decodings go step by step instead of as CUDA graphs."""
 
     def __init__(self, trainer: RLCaptionTrainer, cuda_graphs: bool = True):
         self.trainer, self.cuda_graphs, self.device = trainer, cuda_graphs, trainer.args.device
@@ -306,11 +313,21 @@ class StepTimer:
         self.steps, self.sampling, self.rewards = [], [], []
 
     def step(self, seed: int, rollout_watch: Stopwatch, record: bool) -> None:
-        watches = [*self.sampling_watches, rollout_watch]
+        """The repeat `seed`: a step timed as a whole, then one with its sampling and rewards timed."""
+        watches = [*self.sampling_watches, rollout_watch, self.reward_watch]
+        for watched in (False, True):
+            for watch in watches:
+                watch.seconds, watch.active = 0.0, watched
+            seconds = self._timed_step(seed)
+            if record and not watched:
+                self.steps.append(seconds)
+            elif record:
+                self.sampling.append(sum(watch.seconds for watch in watches[:-1]) / seconds)
+                self.rewards.append(self.reward_watch.seconds / seconds)
+
+    def _timed_step(self, seed: int) -> float:
         self.trainer.model.load_state_dict(self.initial)
         torch.manual_seed(seed)
-        for watch in (*watches, self.reward_watch):
-            watch.seconds = 0.0
         use_cuda_graphs(self.cuda_graphs)
         try:
             synchronize(self.device)
@@ -319,11 +336,7 @@ class StepTimer:
             synchronize(self.device)
         finally:
             use_cuda_graphs(True)
-        seconds = time.perf_counter() - start
-        if record:
-            self.steps.append(seconds)
-            self.sampling.append(sum(watch.seconds for watch in watches) / seconds)
-            self.rewards.append(self.reward_watch.seconds / seconds)
+        return time.perf_counter() - start
 
     def summary(self, batch_size: int) -> dict[str, float]:
         for watch in (*self.sampling_watches, self.reward_watch):

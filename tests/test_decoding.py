@@ -16,6 +16,7 @@ from transformers import (
 
 from rlcaption.captioners import captioner_for
 from rlcaption.decoding import (
+    GeneratedCaptions,
     caption_logits,
     caption_token_mask,
     generate_captions,
@@ -253,3 +254,14 @@ def test_an_unsupported_model_is_refused_naming_the_missing_capability(make_mode
 def test_generation_config_and_keyword_arguments_are_exclusive(show_tell, processor):
     with pytest.raises(ValueError, match=r"both a generation_config and generation keyword arguments \['num_beams'\]"):
         generate_captions(show_tell, processor, {"pixel_values": images(1)}, GenerationConfig(), num_beams=2)
+
+
+def test_generated_captions_decode_their_texts_when_first_read_and_once(processor, monkeypatch):
+    sequences = processor(text=["a red circle ", " two shapes", "a blue square"], return_tensors="pt")["input_ids"]
+    decodings = []
+    batch_decode = processor.batch_decode
+    monkeypatch.setattr(processor, "batch_decode", lambda *a, **k: decodings.append(a) or batch_decode(*a, **k))
+    captions = GeneratedCaptions(sequences, processor)
+    assert decodings == [] and captions.sequences is sequences
+    assert captions.texts == ["a red circle", "two shapes", "a blue square"]
+    assert captions.texts == ["a red circle", "two shapes", "a blue square"] and len(decodings) == 1

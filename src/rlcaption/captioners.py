@@ -281,19 +281,26 @@ class Captioner:
         """What the decoding loop starts from, computed from the images once for every decoding of them."""
         raise NotImplementedError
 
-    def _decode_in_loop(self, encoding: Any, config: GenerationConfig) -> torch.LongTensor:
+    def _decode_in_loop(self, encoding: Any, config: GenerationConfig, trim: bool = True) -> torch.LongTensor:
         raise NotImplementedError
 
     def generate_several(
-        self, image_inputs: Mapping[str, torch.Tensor], generation_configs: Sequence[GenerationConfig]
+        self,
+        image_inputs: Mapping[str, torch.Tensor],
+        generation_configs: Sequence[GenerationConfig],
+        trim: bool = True,
     ) -> list[Any]:
         """[`generate`] with each of `generation_configs` in turn, on the same images; a family with a decoding loop
-        encodes the images once for all of them (RL decodes samples, then a greedy baseline, of the same images)."""
+        encodes the images once for all of them (RL decodes samples, then a greedy baseline, of the same images).
+
+        With `trim=False`, a decoding loop returns its sequences `max_new_tokens + 1` wide rather than cut after the
+        longest caption, which waits for the device (see [`rlcaption.models.step_decoding.decode_steps`]);
+        `generate()` always trims."""
         configs = [self.complete_generation_config(config) for config in generation_configs]
         if not all(self._decodes_in_loop(config) for config in configs):
             return [self.generate(image_inputs, config) for config in generation_configs]
         encoding = self._encode_for_loop(self._image_inputs(image_inputs))
-        return [self._decode_in_loop(encoding, config) for config in configs]
+        return [self._decode_in_loop(encoding, config, trim) for config in configs]
 
     # ---------------------------------------------------------------- scoring
     def caption_logits(
@@ -388,8 +395,8 @@ class ShowTellRLCaptioner(Captioner):
     def _encode_for_loop(self, image_inputs):
         return self.recurrent_network.initial_state(**image_inputs)
 
-    def _decode_in_loop(self, encoding, config):
-        return decode_recurrent(self.recurrent_network, {}, config, initial_state=encoding)
+    def _decode_in_loop(self, encoding, config, trim=True):
+        return decode_recurrent(self.recurrent_network, {}, config, initial_state=encoding, trim=trim)
 
     def caption_logits(self, model, image_inputs, input_ids, attention_mask=None, image_index=None):
         image_inputs = self._image_inputs(image_inputs)
@@ -519,8 +526,8 @@ class BlipCaptioner(Captioner):
     def _encode_for_loop(self, image_inputs):
         return self.model.vision_model(**image_inputs).last_hidden_state
 
-    def _decode_in_loop(self, encoding, config):
-        return decode_blip(self.model, {}, config, image_embeds=encoding)
+    def _decode_in_loop(self, encoding, config, trim=True):
+        return decode_blip(self.model, {}, config, image_embeds=encoding, trim=trim)
 
     def _logits(self, model, image_inputs, input_ids, attention_mask):
         return model(**image_inputs, input_ids=input_ids, attention_mask=attention_mask).logits

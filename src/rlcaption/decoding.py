@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,20 +53,42 @@ IMAGE_INPUT_NAMES = ("pixel_values", "image_features", "image_feature_mask")
 RECURRENT_MODULES = (nn.RNNBase, nn.RNNCellBase)
 
 
-@dataclass
 class GeneratedCaptions:
     """
-    Captions produced by [`generate_captions`].
+    Captions produced by [`generate_captions`]: their token ids, and their texts, decoded from the ids when first read.
+
+    On a GPU, decoding may return while the device still computes the token ids: a copy of them to host memory is
+    queued at once, and reading `texts` waits for that copy only, not for the work queued after it. An RL step can so
+    queue the pass that scores its samples before it reads their texts to reward them.
 
     Args:
         sequences (`torch.LongTensor` of shape `(num_captions, length)`):
             Token ids, starting with the start token, padded after the end token.
-        texts (`list[str]`):
-            The decoded captions (special tokens removed), one per row of `sequences`.
+        processor: anything with `batch_decode(sequences, skip_special_tokens=True)`; `texts` are decoded with it.
     """
 
-    sequences: torch.LongTensor
-    texts: list[str]
+    def __init__(self, sequences: torch.LongTensor, processor: Any):
+        self.sequences = sequences
+        self._processor = processor
+        self._texts: list[str] | None = None
+        self._host_sequences = sequences
+        self._copied: torch.cuda.Event | None = None
+        if sequences.device.type == "cuda":
+            self._host_sequences = torch.empty(sequences.shape, dtype=sequences.dtype, pin_memory=True)
+            self._host_sequences.copy_(sequences, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    @property
+    def texts(self) -> list[str]:
+        """The decoded captions (special tokens removed, stripped), one per row of `sequences`."""
+        if self._texts is None:
+            if self._copied is not None:
+                self._copied.synchronize()
+            decoded = self._processor.batch_decode(self._host_sequences, skip_special_tokens=True)
+            self._texts = [text.strip() for text in decoded]
+            self._processor = self._host_sequences = self._copied = None
+        return self._texts
 
 
 def image_inputs_of(batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -160,21 +181,23 @@ def generate_caption_sets(
     processor: Any,
     image_inputs: Mapping[str, torch.Tensor],
     generation_configs: Sequence[GenerationConfig],
+    trim: bool = True,
 ) -> list[GeneratedCaptions]:
     """
     [`generate_captions`] with each of `generation_configs` in turn (the same captions, the same random draws in
     the same order), encoding the images once for all of them where the captioner can (rlcaption's recurrent
     captioners): what an RL step that samples and decodes a greedy baseline of the same images asks for.
+
+    With `trim=False`, captioners with a decoding loop of their own return the sequences `max_new_tokens + 1` wide,
+    without waiting for the device to finish them (see [`rlcaption.models.step_decoding.decode_steps`]).
     """
     with evaluation_mode(model):
-        outputs = captioner_for(model).generate_several(image_inputs, generation_configs)
+        outputs = captioner_for(model).generate_several(image_inputs, generation_configs, trim)
     return [_decoded(output, processor) for output in outputs]
 
 
 def _decoded(output: Any, processor: Any) -> GeneratedCaptions:
-    sequences = output.sequences if hasattr(output, "sequences") else output
-    texts = [text.strip() for text in processor.batch_decode(sequences, skip_special_tokens=True)]
-    return GeneratedCaptions(sequences=sequences, texts=texts)
+    return GeneratedCaptions(output.sequences if hasattr(output, "sequences") else output, processor)
 
 
 def caption_logits(

@@ -61,13 +61,13 @@ class FakeTrainer:
         config = GenerationConfig(max_new_tokens=self.args.max_caption_length, **settings)
         return generate_captions(self.model, self.processing_class, image_inputs, config)
 
-    def sample_captions(self, image_inputs, num_return_sequences):
+    def sample_captions(self, image_inputs, num_return_sequences, trim=True):  # trims always, as step-by-step decoding
         return self._decode(image_inputs, do_sample=True, num_return_sequences=num_return_sequences)
 
     def greedy_captions(self, image_inputs):
         return self._decode(image_inputs, do_sample=False)
 
-    def sample_and_greedy_captions(self, image_inputs, num_return_sequences):
+    def sample_and_greedy_captions(self, image_inputs, num_return_sequences, trim=True):
         return self.sample_captions(image_inputs, num_return_sequences), self.greedy_captions(image_inputs)
 
     def beam_search_captions(self, image_inputs, num_beams):

@@ -128,10 +128,12 @@ def test_log_probs_and_entropies_are_scored_in_evaluation_mode_like_sample_token
 
 
 def scst_loss_and_gradients(model, processor, shapes, output_dir, **overrides):
-    """The SCST loss of the first batch, its gradients, the trainer and the batch, with seeded sampling."""
+    """The SCST loss (or that of the objective in `overrides`) of the first batch, its gradients, the trainer and
+    the batch, with seeded sampling."""
+    settings = {"objective": "scst", "num_samples_per_image": 2, **overrides}
     args = RLCaptionConfig(
         output_dir=str(output_dir), use_cpu=True, per_device_train_batch_size=4, max_caption_length=10,
-        objective="scst", num_samples_per_image=2, reward_funcs=["cider"], seed=0, disable_tqdm=True, **overrides,
+        reward_funcs=["cider"], seed=0, disable_tqdm=True, **settings,
     )  # fmt: skip
     trainer = RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=shapes["train"])
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
@@ -186,3 +188,73 @@ def test_entropy_bonus_adds_minus_weight_times_the_policy_entropy_and_weight_zer
         difference = gradients_w[name] - gradients_0[name]
         assert torch.allclose(difference, -weight * entropy_gradient, rtol=1e-4, atol=1e-6), name
     assert max(gradient.abs().max() for gradient in entropy_gradients) > 1e-2
+
+
+def samples_padded_to_the_token_budget(trainer_class, monkeypatch):
+    """Makes the trainer's sampling return its sequences `max_caption_length + 1` wide where asked not to trim, as a
+    CUDA graph's decoding returns them, and records the widths."""
+    widths = []
+
+    def padded(captions, trainer):
+        budget = trainer.args.max_caption_length + 1
+        pad = trainer.model.config.pad_token_id
+        sequences = nn.functional.pad(captions.sequences, (0, budget - captions.sequences.shape[1]), value=pad)
+        widths.append((captions.sequences.shape[1], sequences.shape[1]))
+        return decoding.GeneratedCaptions(sequences, trainer.processing_class)
+
+    sample, sample_and_greedy = trainer_class.sample_captions, trainer_class.sample_and_greedy_captions
+
+    def sample_captions(self, image_inputs, num_return_sequences, trim=True):
+        samples = sample(self, image_inputs, num_return_sequences)
+        return samples if trim else padded(samples, self)
+
+    def sample_and_greedy_captions(self, image_inputs, num_return_sequences, trim=True):
+        samples, greedy = sample_and_greedy(self, image_inputs, num_return_sequences)
+        return (samples, greedy) if trim else (padded(samples, self), padded(greedy, self))
+
+    monkeypatch.setattr(trainer_class, "sample_captions", sample_captions)
+    monkeypatch.setattr(trainer_class, "sample_and_greedy_captions", sample_and_greedy_captions)
+    return widths
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"baseline": "greedy", "entropy_bonus_weight": 0.1}, {"baseline": "mean_of_others"}],
+    ids=["greedy-baseline-entropy-bonus", "mean-of-others"],
+)
+def test_scst_gives_the_same_loss_and_gradients_for_samples_padded_to_the_token_budget(
+    processor, shapes, tmp_path, monkeypatch, overrides
+):
+    # a GPU's decoding graph returns the samples max_caption_length + 1 wide, without waiting to trim them
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    with torch.no_grad():  # captions that end early, so that the padding is real
+        model.lm_head.bias[processor.tokenizer.eos_token_id] += 3.0
+    loss, gradients, trainer, _ = scst_loss_and_gradients(model, processor, shapes, tmp_path / "trimmed", **overrides)
+    widths = samples_padded_to_the_token_budget(RLCaptionTrainer, monkeypatch)
+    padded_loss, padded_gradients, padded_trainer, _ = scst_loss_and_gradients(
+        model, processor, shapes, tmp_path / "padded", **overrides
+    )
+    assert widths and all(trimmed < padded == 11 for trimmed, padded in widths)
+    assert padded_loss.item() == pytest.approx(loss.item(), rel=1e-6)
+    for name, gradient in gradients.items():
+        assert torch.allclose(padded_gradients[name], gradient, rtol=1e-5, atol=1e-7), name
+    for name in ("reward", "greedy", "sample_length", "entropy", "advantage_std"):
+        assert [float(value) for value in padded_trainer._recorded_metrics.get(name, [])] == pytest.approx(
+            [float(value) for value in trainer._recorded_metrics.get(name, [])], rel=1e-6
+        ), name
+
+
+@pytest.mark.parametrize("objective", ["scst", "sle"])
+def test_samples_are_scored_before_their_texts_are_read(processor, shapes, tmp_path, monkeypatch, objective):
+    # on a GPU the host then queues the scoring pass while the device still samples, instead of waiting for the
+    # samples to decode their texts first
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    events = []
+    model.register_forward_pre_hook(lambda *_: events.append("score") if torch.is_grad_enabled() else None)
+    batch_decode = processor.batch_decode
+    monkeypatch.setattr(processor, "batch_decode", lambda *a, **k: events.append("texts") or batch_decode(*a, **k))
+    overrides = {"objective": objective, "num_samples_per_image": 3} if objective == "sle" else {}
+    loss, *_ = scst_loss_and_gradients(model, processor, shapes, tmp_path, **overrides)
+    assert torch.isfinite(loss)
+    assert events.count("score") == 1 and "texts" in events
+    assert events.index("score") < events.index("texts"), events

@@ -18,7 +18,7 @@ from transformers import BlipForConditionalGeneration
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.captioners import captioner_for
 from rlcaption.data import load_shapes
-from rlcaption.decoding import evaluation_mode, generate_captions
+from rlcaption.decoding import GeneratedCaptions, evaluation_mode, generate_captions
 from rlcaption.models import step_decoding
 from rlcaption.models.blip_decoding import decode_blip
 from rlcaption.models.recurrent_decoding import decode_recurrent
@@ -139,10 +139,39 @@ def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, pre
                     with evaluation_mode(model), autocast:
                         decoded.append(decode(model, image_inputs, config, cuda_graphs=cuda_graphs))
                 assert torch.equal(decoded[0], decoded[1]) and torch.equal(decoded[0], decoded[2])
+                # untrimmed, as an RL step asks for it so as not to wait: the same tokens, padded to the budget
+                torch.manual_seed(update)
+                with evaluation_mode(model), autocast:
+                    untrimmed = decode(model, image_inputs, config, cuda_graphs=True, trim=False)
+                width = decoded[0].shape[1]
+                assert untrimmed.shape == (decoded[0].shape[0], config.max_new_tokens + 1)
+                assert torch.equal(untrimmed[:, :width], decoded[0])
+                assert (untrimmed[:, width:] == config.pad_token_id).all()
             with torch.no_grad():
                 for parameter in model.parameters():
                     parameter.add_(0.05 * torch.randn_like(parameter))
         assert 0 < len(step_decoding._DECODING_GRAPHS[model]) <= step_decoding.MAX_DECODING_GRAPHS_PER_MODEL
+
+
+def test_the_texts_of_samples_the_gpu_still_decodes_are_read_ahead_of_the_work_queued_after_them(tmp_path):
+    processor = CaptionProcessor.from_pretrained(WARM_START)
+    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
+        "image"
+    ]
+    inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}
+    model = ShowTellRL.from_pretrained(WARM_START).cuda()
+    config = captioner_for(model).complete_generation_config(DECODING_SETTINGS["pure sampling"])
+    decoded = {}
+    for trim in (True, False):  # the second decoding of the shape is captured as a graph, and replayed
+        torch.manual_seed(0)
+        with evaluation_mode(model):
+            decoded[trim] = decode_recurrent(model, inputs, config, trim=trim)
+    assert decoded[False].shape[1] == config.max_new_tokens + 1
+    captions = GeneratedCaptions(decoded[False], processor)
+    queued = torch.randn(4096, 4096, device="cuda") @ torch.randn(4096, 4096, device="cuda")
+    texts = captions.texts
+    assert texts == [text.strip() for text in processor.batch_decode(decoded[True], skip_special_tokens=True)]
+    assert torch.isfinite(queued).all()
 
 
 def test_rewards_reach_the_gpu_behind_the_queued_work_unchanged():

@@ -192,6 +192,7 @@ def decode_blip(
     config: GenerationConfig,
     cuda_graphs: bool | None = None,
     image_embeds: torch.FloatTensor | None = None,
+    trim: bool = True,
 ) -> torch.LongTensor:
     """
     Decodes `config.num_return_sequences` captions per image with a `BlipForConditionalGeneration`, as
@@ -202,14 +203,18 @@ def decode_blip(
 
     On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding after the image
     encoding is one CUDA graph, captured at the second call for each batch shape. `image_embeds`, the vision model's
-    output for `image_inputs` when computed already, saves encoding the same images again.
+    output for `image_inputs` when computed already, saves encoding the same images again. `trim=False` lets a
+    graph's decoding be returned `max_new_tokens + 1` wide, without waiting for the device (see [`decode_steps`]).
 
     Returns:
         `torch.LongTensor` of shape `(num_images * num_return_sequences, length)`: the start token, then the caption,
-        padded after its end token, as `generate()` returns it.
+        padded after its end token, as `generate()` returns it, or `max_new_tokens + 1` wide for a graph's
+        decoding without `trim`.
     """
     check_decodes_plainly(config)
     if image_embeds is None:
         image_embeds = model.vision_model(pixel_values=image_inputs["pixel_values"]).last_hidden_state
     state = BlipDecodingState(image_embeds, captions_per_image=config.num_return_sequences or 1)
-    return decode_steps(model, functools.partial(blip_step, model), state, state.num_captions, config, cuda_graphs)
+    return decode_steps(
+        model, functools.partial(blip_step, model), state, state.num_captions, config, cuda_graphs, trim
+    )

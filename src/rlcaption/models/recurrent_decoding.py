@@ -31,6 +31,7 @@ def decode_recurrent(
     config: GenerationConfig,
     cuda_graphs: bool | None = None,
     initial_state: Any = None,
+    trim: bool = True,
 ) -> torch.LongTensor:
     """
     Decodes `config.num_return_sequences` captions per image with a recurrent captioner (a [`ShowTellRL`]: anything
@@ -40,11 +41,13 @@ def decode_recurrent(
     On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding after the image
     encoding is one CUDA graph, captured at the second call for each batch shape (a few are kept per model); it draws
     the same captions as step-by-step decoding. `initial_state`, the model's `initial_state(**image_inputs)` when
-    computed already, saves encoding the same images again for another decoding of them.
+    computed already, saves encoding the same images again for another decoding of them. `trim=False` lets a
+    graph's decoding be returned `max_new_tokens + 1` wide, without waiting for the device (see [`decode_steps`]).
 
     Returns:
         `torch.LongTensor` of shape `(num_images * num_return_sequences, length)`: the start token, then the caption,
-        padded after its end token; `length` is that of the longest caption, as `generate()` returns it.
+        padded after its end token; `length` is that of the longest caption, as `generate()` returns it, or
+        `max_new_tokens + 1` for a graph's decoding without `trim`.
     """
     check_decodes_plainly(config)
     state = model.initial_state(**image_inputs) if initial_state is None else initial_state
@@ -52,4 +55,4 @@ def decode_recurrent(
     if captions_per_image > 1:
         state = state.repeat_interleave(captions_per_image)
     step = functools.partial(_step_logits, model)
-    return decode_steps(model, step, state, state.hidden.shape[1], config, cuda_graphs)
+    return decode_steps(model, step, state, state.hidden.shape[1], config, cuda_graphs, trim)

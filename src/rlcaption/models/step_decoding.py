@@ -261,6 +261,7 @@ def decode_steps(
     num_captions: int,
     config: GenerationConfig,
     cuda_graphs: bool | None = None,
+    trim: bool = True,
 ) -> torch.LongTensor:
     """
     Decodes `num_captions` captions from `state` with `step(token_ids, state) -> (next_token_logits, next_state)`, as
@@ -271,16 +272,24 @@ def decode_steps(
     graph, captured at the second call for each batch shape (a few are kept per `model`, the module whose parameters
     `step` reads); it draws the same captions as step-by-step decoding.
 
+    Trimming the sequences after the end of the longest caption, as `generate()` does, reads the device's values, so
+    it waits until the decoding is done. With `trim=False`, a decoding replayed as a graph is returned `max_new_tokens
+    + 1` wide instead, while the device still runs it: the host can meanwhile queue the work that needs only the
+    token ids (an RL step's scoring pass) rather than wait idle. Step by step, the loop has waited for the device
+    already, to stop after the last end token, and trims either way.
+
     Returns:
         `torch.LongTensor` of shape `(num_captions, length)`: the start token, then the caption, padded after its end
-        token; `length` is that of the longest caption, as `generate()` returns it.
+        token; `length` is that of the longest caption, as `generate()` returns it, or `max_new_tokens + 1` for a
+        graph's decoding without `trim`.
     """
     check_decodes_plainly(config)
     graph = None
     if _CUDA_GRAPHS["enabled"] if cuda_graphs is None else cuda_graphs:
         graph = _graphed_decoding(model, step, state, num_captions, config)
     if graph is not None:
-        return _trim_after_last_end(graph(state), config.eos_token_id)
+        sequences = graph(state)
+        return _trim_after_last_end(sequences, config.eos_token_id) if trim else sequences
     sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=_state_device(state))
     _decode_steps(step, state, sequences, config, stops_early=True)
     return _trim_after_last_end(sequences, config.eos_token_id)

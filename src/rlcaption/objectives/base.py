@@ -100,15 +100,16 @@ class TrainerInterface(Protocol):
         """The network inside a DDP or mixed-precision wrapper (itself without one)."""
 
     def sample_captions(
-        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
+        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int, trim: bool = True
     ) -> GeneratedCaptions:
-        """Samples captions per image with the config's sampling settings, in evaluation mode."""
+        """Samples captions per image with the config's sampling settings, in evaluation mode; `trim=False` may
+        return them `max_caption_length + 1` wide, from a decoding the device still runs."""
 
     def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
         """One greedy caption per image."""
 
     def sample_and_greedy_captions(
-        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
+        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int, trim: bool = True
     ) -> tuple[GeneratedCaptions, GeneratedCaptions]:
         """`sample_captions` and `greedy_captions` of the same images, each image encoded once where possible."""
 

@@ -14,7 +14,13 @@ from ..decoding import GeneratedCaptions, image_inputs_of
 from ..rewards.processes import Pending
 from .base import TrainerInterface
 
-__all__ = ["policy_gradient_loss", "sample_and_start_rewards", "sample_and_start_rewards_with_greedy"]
+__all__ = [
+    "policy_gradient_loss",
+    "sample_and_start_rewards",
+    "sample_captions_to_score",
+    "start_greedy_rewards",
+    "start_sample_rewards",
+]
 
 
 def policy_gradient_loss(
@@ -40,44 +46,67 @@ def policy_gradient_loss(
     return weighted.sum() / token_log_probs.size(0)
 
 
+def sample_captions_to_score(
+    trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int, greedy_baseline: bool = False
+) -> tuple[GeneratedCaptions, torch.LongTensor, GeneratedCaptions | None]:
+    """
+    Samples `num_samples` captions per image of the batch from the current policy (evaluation mode, the trainer's
+    sampling settings) and, with `greedy_baseline`, decodes every image's greedy caption (the self-critical baseline),
+    each image encoded once for both where the captioner can.
+
+    A decoding that a GPU replays as a CUDA graph comes back while the device still runs it, `max_caption_length + 1`
+    tokens wide: queue the pass that scores the samples, which needs their token ids only, before reading their
+    texts (to reward them), and the host queues it while the device samples rather than waiting idle.
+
+    Returns:
+        `tuple`: the samples ([`GeneratedCaptions`], `batch_size * num_samples` rows, grouped by image), the batch row
+        of each sample's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`, on the samples' device),
+        and the greedy captions (`batch_size` rows), or None without `greedy_baseline`.
+    """
+    image_inputs = image_inputs_of(inputs)
+    if greedy_baseline:
+        samples, greedy = trainer.sample_and_greedy_captions(image_inputs, num_samples, trim=False)
+    else:
+        samples, greedy = trainer.sample_captions(image_inputs, num_samples, trim=False), None
+    return samples, _sample_index(inputs, samples, num_samples), greedy
+
+
+def start_sample_rewards(
+    trainer: TrainerInterface, inputs: dict[str, Any], samples: GeneratedCaptions, num_samples: int
+) -> Pending[np.ndarray]:
+    """Starts scoring the samples of [`sample_captions_to_score`] with the trainer's rewards, logged under `reward`:
+    those computed in worker processes run on until `result()`. Reads the samples' texts."""
+    row_index = [row for row in range(len(inputs["references"])) for _ in range(num_samples)]
+    return trainer.start_rewards(samples.texts, inputs, row_index=row_index)
+
+
+def start_greedy_rewards(
+    trainer: TrainerInterface, inputs: dict[str, Any], greedy: GeneratedCaptions
+) -> Pending[np.ndarray]:
+    """Starts scoring every image's greedy caption, the self-critical baseline, logged under `greedy`."""
+    return trainer.start_rewards(
+        greedy.texts, inputs, row_index=list(range(len(inputs["references"]))), log_prefix="greedy"
+    )
+
+
 def sample_and_start_rewards(
     trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int
 ) -> tuple[GeneratedCaptions, torch.LongTensor, Pending[np.ndarray]]:
     """
-    Samples `num_samples` captions per image of the batch from the current policy (evaluation mode, the trainer's
-    sampling settings) and starts scoring them with the trainer's rewards, logged under `reward`.
+    [`sample_captions_to_score`] (without the greedy baseline), then [`start_sample_rewards`] at once: for
+    objectives whose next GPU work needs the samples' rewards, or the samples trimmed.
 
     Returns:
-        `tuple`: the [`GeneratedCaptions`] (`batch_size * num_samples` rows, grouped by image), the batch row of each
-        caption's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`) and their rewards ([`Pending`]
-        `np.ndarray` of the same shape: those computed in worker processes run on until `result()`).
+        `tuple`: the [`GeneratedCaptions`] (`batch_size * num_samples` rows, grouped by image, trimmed after the
+        longest), the batch row of each caption's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`)
+        and their rewards ([`Pending`] `np.ndarray` of the same shape: those computed in worker processes run on
+        until `result()`).
     """
     samples = trainer.sample_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
-    return (samples, *_start_sample_rewards(trainer, inputs, samples, num_samples))
+    sample_index = _sample_index(inputs, samples, num_samples)
+    return samples, sample_index, start_sample_rewards(trainer, inputs, samples, num_samples)
 
 
-def sample_and_start_rewards_with_greedy(
-    trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int
-) -> tuple[GeneratedCaptions, torch.LongTensor, Pending[np.ndarray], Pending[np.ndarray]]:
-    """
-    [`sample_and_start_rewards`], and the self-critical baseline: the reward of every image's greedy caption, logged
-    under `greedy`. The images are encoded once for both decodings where the captioner can.
-
-    Returns:
-        `tuple`: what [`sample_and_start_rewards`] returns, then the greedy captions' rewards ([`Pending`]
-        `np.ndarray` of shape `(batch_size,)`).
-    """
-    samples, greedy = trainer.sample_and_greedy_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
-    sample_index, rewards = _start_sample_rewards(trainer, inputs, samples, num_samples)
-    greedy_rewards = trainer.start_rewards(
-        greedy.texts, inputs, row_index=list(range(len(inputs["references"]))), log_prefix="greedy"
-    )
-    return samples, sample_index, rewards, greedy_rewards
-
-
-def _start_sample_rewards(
-    trainer: TrainerInterface, inputs: dict[str, Any], samples: GeneratedCaptions, num_samples: int
-) -> tuple[torch.LongTensor, Pending[np.ndarray]]:
+def _sample_index(inputs: dict[str, Any], samples: GeneratedCaptions, num_samples: int) -> torch.LongTensor:
     batch_size = len(inputs["references"])
-    sample_index = torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)
-    return sample_index, trainer.start_rewards(samples.texts, inputs, row_index=sample_index.tolist())
+    return torch.arange(batch_size, device=samples.sequences.device).repeat_interleave(num_samples)

@@ -21,7 +21,12 @@ from ..decoding import (
 )
 from ..rl_config import RLCaptionConfig
 from .base import CaptionObjective, register_objective, reward_tensor
-from .policy_gradient import policy_gradient_loss, sample_and_start_rewards, sample_and_start_rewards_with_greedy
+from .policy_gradient import (
+    policy_gradient_loss,
+    sample_captions_to_score,
+    start_greedy_rewards,
+    start_sample_rewards,
+)
 
 __all__ = ["SCSTConfig", "SCSTObjective", "mean_token_entropy"]
 
@@ -91,17 +96,14 @@ class SCSTObjective(CaptionObjective):
         batch_size = len(inputs["references"])
 
         # 1. sample k captions per image from the current policy (and decode the greedy baseline of the same images);
-        # the rewards computed in worker processes run on while the samples are scored in 2
-        if args.baseline == "greedy":
-            samples, sample_index, pending_rewards, pending_greedy = sample_and_start_rewards_with_greedy(
-                trainer, inputs, num_samples
-            )
-        else:
-            samples, sample_index, pending_rewards = sample_and_start_rewards(trainer, inputs, num_samples)
+        # on a GPU the device may still be sampling when this returns
+        samples, sample_index, greedy = sample_captions_to_score(
+            trainer, inputs, num_samples, greedy_baseline=args.baseline == "greedy"
+        )
 
         # 2. the samples' log-probabilities under the distribution that sampled them (evaluation mode, no dropout: see
         # rlcaption.decoding), with gradient, through the wrapped model; with the entropy bonus, also the entropies
-        # of the same forward pass
+        # of the same forward pass. Queued before the texts are read for the rewards, which waits for the samples.
         image_inputs = image_inputs_of(inputs)
         mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
         if args.entropy_bonus_weight == 0:
@@ -110,6 +112,8 @@ class SCSTObjective(CaptionObjective):
             log_probs, entropies = sample_token_log_probs_and_entropies(
                 model, image_inputs, samples.sequences, image_index=sample_index
             )
+        pending_rewards = start_sample_rewards(trainer, inputs, samples, num_samples)
+        pending_greedy = None if greedy is None else start_greedy_rewards(trainer, inputs, greedy)
 
         # 3. baseline, independent of the sample it is subtracted from
         rewards = pending_rewards.result()  # (B*k,)

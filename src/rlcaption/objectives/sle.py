@@ -17,7 +17,12 @@ from torch import nn
 from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
 from ..metrics.diversity import PAIRWISE_DISTANCES, pairwise_caption_distances
 from .base import CaptionObjective, register_objective, reward_tensor
-from .policy_gradient import policy_gradient_loss, sample_and_start_rewards_with_greedy
+from .policy_gradient import (
+    policy_gradient_loss,
+    sample_captions_to_score,
+    start_greedy_rewards,
+    start_sample_rewards,
+)
 from .scst import SCSTConfig
 
 __all__ = ["SLEConfig", "SLEObjective", "sequence_level_exploration_advantages", "sequence_level_exploration_loss"]
@@ -170,13 +175,17 @@ class SLEObjective(CaptionObjective):
         num_samples = args.num_samples_per_image
         batch_size = len(inputs["references"])
 
-        # 1. s captions per image from the current policy, with their precision rewards and the greedy baseline
-        # (rewards in worker processes run on until the scoring pass below is launched)
-        samples, sample_index, pending_rewards, pending_greedy = sample_and_start_rewards_with_greedy(
-            trainer, inputs, num_samples
-        )
+        # 1. s captions per image from the current policy, and the greedy baseline; on a GPU the device may still be
+        # sampling when this returns
+        samples, sample_index, greedy = sample_captions_to_score(trainer, inputs, num_samples, greedy_baseline=True)
 
-        # 2. distances between the samples of each image, on the tokens the rewards see
+        # 2. the samples' log-probabilities under the distribution that sampled them, queued before their texts are
+        # read (which waits for the samples); then their precision rewards and the distances between the samples of
+        # each image, on the tokens the rewards see
+        device = samples.sequences.device
+        log_probs = sample_token_log_probs(model, image_inputs_of(inputs), samples.sequences, image_index=sample_index)
+        pending_rewards = start_sample_rewards(trainer, inputs, samples, num_samples)
+        pending_greedy = start_greedy_rewards(trainer, inputs, greedy)
         distances = np.stack(
             [
                 pairwise_caption_distances(
@@ -186,10 +195,8 @@ class SLEObjective(CaptionObjective):
             ]
         )  # (B, s, s)
 
-        # 3. the surrogate loss on the samples' log-probabilities under the distribution that sampled them
-        device = samples.sequences.device
+        # 3. the surrogate loss
         distances_tensor = torch.as_tensor(distances, dtype=torch.float32, device=device)
-        log_probs = sample_token_log_probs(model, image_inputs_of(inputs), samples.sequences, image_index=sample_index)
         rewards = pending_rewards.result()  # (B*s,)
         rewards_tensor = reward_tensor(rewards, device)
         greedy_tensor = reward_tensor(pending_greedy.result(), device)  # (B,)

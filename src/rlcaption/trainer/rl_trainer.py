@@ -450,7 +450,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         return self.unwrap_model(self.model)
 
     def sample_captions(
-        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
+        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int, trim: bool = True
     ) -> GeneratedCaptions:
         """
         `num_return_sequences` captions per image, sampled at `args.temperature` with `args.top_k` and `args.top_p`
@@ -459,9 +459,13 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         These settings are the whole decoding configuration: the model's own generation config (a Hub checkpoint's
         repetition penalty, n-gram blocking, length limits, forced or banned tokens, ...) is ignored except for its
         special token ids, so that RL samples from the policy it scores.
+
+        With `trim=False`, the sequences may come `max_caption_length + 1` wide, from a decoding the device is still
+        running (see [`rlcaption.decoding.generate_caption_sets`]).
         """
-        sampling = self._sampling_config(num_return_sequences)
-        return generate_captions(self._generation_model(), self.processing_class, image_inputs, sampling)
+        sampling = [self._sampling_config(num_return_sequences)]
+        model, processor = self._generation_model(), self.processing_class
+        return generate_caption_sets(model, processor, image_inputs, sampling, trim)[0]
 
     def greedy_captions(self, image_inputs: Mapping[str, torch.Tensor]) -> GeneratedCaptions:
         """
@@ -472,12 +476,13 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         return generate_captions(self._generation_model(), self.processing_class, image_inputs, greedy)
 
     def sample_and_greedy_captions(
-        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int
+        self, image_inputs: Mapping[str, torch.Tensor], num_return_sequences: int, trim: bool = True
     ) -> tuple[GeneratedCaptions, GeneratedCaptions]:
         """[`sample_captions`] then [`greedy_captions`] of the same images, the same captions and random draws, with
-        each image encoded once for both where the captioner can."""
+        each image encoded once for both where the captioner can; `trim` as in [`sample_captions`]."""
         configs = [self._sampling_config(num_return_sequences), self._greedy_config()]
-        samples, greedy = generate_caption_sets(self._generation_model(), self.processing_class, image_inputs, configs)
+        model, processor = self._generation_model(), self.processing_class
+        samples, greedy = generate_caption_sets(model, processor, image_inputs, configs, trim)
         return samples, greedy
 
     def _sampling_config(self, num_return_sequences: int) -> GenerationConfig:

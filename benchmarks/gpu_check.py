@@ -476,6 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--images", type=int, nargs="+", help="Batch sizes of the ShowTellRL step budget (default: 32 128 on a GPU)."
     )
+    parser.add_argument(
+        "--curve-images", type=int, nargs="*",
+        help="Batch sizes of the SCST throughput curve (default: 32 to 1,024 on a GPU; none given: no curve).",
+    )  # fmt: skip
     parser.add_argument("--skip-blip", action="store_true", help="No BLIP-base-size rows.")
     parser.add_argument("--skip-budget", action="store_true", help="Recipes only (part 1).")
     parser.add_argument(
@@ -491,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA GPU here: run with --device cpu for the CPU form of the check.")
     sizes = SIZES[device.type] | ({"show_tell": tuple(args.images)} if args.images else {})
+    sizes |= {"curve": tuple(args.curve_images)} if args.curve_images is not None else {}
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -538,11 +543,13 @@ def main(argv: list[str] | None = None) -> int:
             shapes, args.warmup, args.repeats, scratch, [Variant()],
         )  # fmt: skip
         report("budget", budget, budget_table(budget[-len(sizes["blip"]) :]))
-    curve = step_budget(
-        "ShowTellRL (XE warm start)", show_tell, ("xe", "scst"), sizes["curve"], device, False, shapes,
-        args.warmup, args.repeats, scratch, [Variant()],
-    )  # fmt: skip
-    report("curve", curve, "ShowTellRL throughput, XE and SCST alone (5 samples per image):\n\n" + curve_table(curve))
+    if sizes["curve"]:
+        curve = step_budget(
+            "ShowTellRL (XE warm start)", show_tell, ("xe", "scst"), sizes["curve"], device, False, shapes,
+            args.warmup, args.repeats, scratch, [Variant()],
+        )  # fmt: skip
+        title = "ShowTellRL throughput, XE and SCST alone (5 samples per image):"
+        report("curve", curve, f"{title}\n\n{curve_table(curve)}")
     if args.profile:
         # XE beside SCST: what an SCST step adds to the host's work, launch for launch
         profiled = [

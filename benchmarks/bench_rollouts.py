@@ -28,7 +28,8 @@ from gpu_check import share_of_same_rows, synchronize
 from rlcaption.data import load_shapes
 from rlcaption.decoding import caption_token_mask, image_inputs_of
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
-from rlcaption.objectives.spider_pg import rollout_prefixes, sample_rollouts, sample_rollouts_per_prefix
+from rlcaption.models.step_decoding import use_cuda_graphs
+from rlcaption.objectives.spider_pg import Rollouts, rollout_prefixes, sample_rollouts, sample_rollouts_per_prefix
 from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
@@ -139,20 +140,30 @@ def main() -> None:
         )  # fmt: skip
         batched = sample_rollouts(*rollout_args, **rollout_kwargs)
         looped = sample_rollouts_per_prefix(*rollout_args, **rollout_kwargs)
-        # the loop a GPU runs: finished rows stepped along, no wait for the device at every step
-        kept = sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs)
-        # the share of rollouts that the batched loops (dropping and keeping finished rows) drew as the per-prefix
-        # loop did: all of them on a CPU; on a GPU, products of other batch sizes round differently
-        same_captions = [share_of_same_rows(looped.sequences, other.sequences, pad) for other in (batched, kept)]
+        # the loop a GPU runs: finished rows stepped along, no wait for the device at every step; there, also
+        # captured as a CUDA graph (at its second call) and replayed
+
+        def kept(cuda_graphs: bool) -> Rollouts:
+            use_cuda_graphs(cuda_graphs)
+            try:
+                return sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs)
+            finally:
+                use_cuda_graphs(True)
+
+        kept_rollouts = [kept(False), kept(True), kept(True)]
+        # the share of rollouts that the batched loops (dropping and keeping finished rows, the latter step by step
+        # and as a graph) drew as the per-prefix loop did: all of them on a CPU; on a GPU, products of other batch
+        # sizes round differently
+        same_captions = [
+            share_of_same_rows(looped.sequences, other.sequences, pad) for other in (batched, *kept_rollouts[::2])
+        ]
         rollout_seconds = {
             "batched": _median_time(lambda: sample_rollouts(*rollout_args, **rollout_kwargs), args.repeats, device),
-            "batched_keeping_finished_rows": _median_time(
-                lambda: sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs),
-                args.repeats,
-                device,
-            ),
+            "batched_keeping_finished_rows": _median_time(lambda: kept(False), args.repeats, device),
             "per_prefix": _median_time(lambda: sample_rollouts_per_prefix(*rollout_args, **rollout_kwargs), 1, device),
         }
+        if args.device == "cuda":
+            rollout_seconds["graph"] = _median_time(lambda: kept(True), args.repeats, device)
 
     mean_length = float(mask.sum(dim=1).mean())
     rows = [
@@ -174,6 +185,14 @@ def main() -> None:
             rollout_seconds["batched_keeping_finished_rows"] / rollout_seconds["per_prefix"],
         ),
     ]
+    if args.device == "cuda":
+        rows.append(
+            (
+                "rollouts, finished rows kept, CUDA graph",
+                rollout_seconds["graph"],
+                rollout_seconds["graph"] / rollout_seconds["per_prefix"],
+            )
+        )
     print(
         f"\nbatch of {args.batch_size} images, sampled captions of {mean_length:.1f} tokens on average, "
         f"model {'random (demo size)' if args.model is None else args.model}, {args.device}, "
@@ -187,6 +206,7 @@ def main() -> None:
     print(
         f"batched rollouts are {speedup:.1f}x faster; rollouts drawn as the per-prefix loop drew them, from the same "
         f"uniforms: {same_captions[0]:.1%} dropping and {same_captions[1]:.1%} keeping finished rows"
+        + (f", {same_captions[2]:.1%} as a CUDA graph" if args.device == "cuda" else "")
     )
 
     if args.output:
@@ -200,7 +220,7 @@ def main() -> None:
             "training_step_seconds": step_seconds,
             "rollout_seconds": rollout_seconds,
             "batched_rollout_speedup": speedup,
-            "same_rollouts_as_per_prefix": {"dropping": same_captions[0], "keeping": same_captions[1]},
+            "same_rollouts_as_per_prefix": dict(zip(("dropping", "keeping", "graph"), same_captions, strict=True)),
             "threads": torch.get_num_threads(),
             "platform": platform.platform(),
             "torch": torch.__version__,

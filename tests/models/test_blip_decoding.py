@@ -88,7 +88,7 @@ def test_decoding_every_step_as_a_cuda_graph_does_gives_the_same_captions(settin
     with torch.no_grad():
         step_decoding._decode_steps(functools.partial(blip_step, model), state, every_step, config, stops_early=False)
     assert torch.equal(step_decoding._trim_after_last_end(every_step, config.eos_token_id), expected)
-    assert step_decoding._graph_key(model, state, state.num_captions, config) is None  # on the CPU: never a graph
+    assert step_decoding.graph_key(model, step_decoding._state_tensors(state), ()) is None  # on the CPU: never a graph
 
 
 def test_samples_and_greedy_captions_share_the_image_encoding():

@@ -158,6 +158,47 @@ def test_batched_rollouts_equal_the_per_prefix_loop(processor, pixel_values, ima
 
 
 @pytest.mark.parametrize("image_attention", [False, True], ids=["show-tell", "attention"])
+def test_the_rollout_loop_a_gpu_captures_as_a_graph_gives_the_step_by_step_rollouts(
+    processor, pixel_values, image_attention, monkeypatch
+):
+    # the graph's loop runs on rows padded to one of a few counts, every step, without asking the device whether all
+    # rows have ended; run here eagerly in place of the graph
+    model = make_show_tell(processor, IMAGE_SIZE, seed=3, image_attention=image_attention)
+    sequences, mask = sampled_captions(model, processor, pixel_values, num_paths=2)
+    image_index = torch.arange(pixel_values.size(0)).repeat_interleave(2)
+    num_rows = 3 * int((mask.sum(dim=1) - 1).sum())
+    common = dict(
+        num_rollouts=3, max_length=MAX_LENGTH, eos_token_id=EOS, pad_token_id=PAD, image_index=image_index,
+        uniforms=torch.rand(num_rows, MAX_LENGTH, generator=torch.Generator().manual_seed(7)), top_k=5,
+    )  # fmt: skip
+    step_by_step = sample_rollouts(model, {"pixel_values": pixel_values}, sequences, mask, **common)
+    graph_rows = []
+
+    def graph_run_eagerly(model, function, inputs, settings):
+        graph_rows.append(
+            {name: tensor.shape[1 if name in ("hidden", "cell") else 0] for name, tensor in inputs.items()}
+        )
+        return function(**{name: tensor.clone() for name, tensor in inputs.items()})
+
+    monkeypatch.setattr(spider_pg_module, "graphed_call", graph_run_eagerly)
+    graphed = sample_rollouts(
+        model, {"pixel_values": pixel_values}, sequences, mask, drop_finished_rows=False, **common
+    )
+    assert len(graph_rows) == 1 and set(graph_rows[0].values()) == {spider_pg_module._padded_row_count(num_rows)}
+    assert spider_pg_module._padded_row_count(num_rows) > num_rows  # padding rows were stepped along, and dropped
+    assert torch.equal(graphed.sequences, step_by_step.sequences)
+    assert torch.equal(graphed.caption_index, step_by_step.caption_index)
+    assert torch.equal(graphed.prefix_length, step_by_step.prefix_length)
+
+
+def test_rollout_rows_are_padded_to_a_few_counts_at_most_a_quarter_larger():
+    counts = {rows: spider_pg_module._padded_row_count(rows) for rows in range(1, 5000)}
+    assert all(rows <= padded <= 1.25 * rows for rows, padded in counts.items())
+    assert len({padded for rows, padded in counts.items() if 2048 <= rows < 4096}) == 5
+    assert counts[3198] == 3584 and counts[8] == 8 and counts[1] == 1
+
+
+@pytest.mark.parametrize("image_attention", [False, True], ids=["show-tell", "attention"])
 def test_rollouts_continue_the_policy_from_the_prefix_state(processor, pixel_values, image_attention):
     """The first rollout token is drawn from π(· | g_{1:t}, image): compare with a forward pass over the prefix."""
     model = make_show_tell(processor, IMAGE_SIZE, seed=4, image_attention=image_attention).eval()

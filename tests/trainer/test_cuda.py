@@ -18,11 +18,12 @@ from transformers import BlipForConditionalGeneration
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.captioners import captioner_for
 from rlcaption.data import load_shapes
-from rlcaption.decoding import GeneratedCaptions, evaluation_mode, generate_captions
+from rlcaption.decoding import GeneratedCaptions, caption_token_mask, evaluation_mode, generate_captions
 from rlcaption.models import step_decoding
 from rlcaption.models.blip_decoding import decode_blip
 from rlcaption.models.recurrent_decoding import decode_recurrent
 from rlcaption.objectives.base import reward_tensor
+from rlcaption.objectives.spider_pg import sample_rollouts
 from tiny_captioners import BLIP_IMAGE_SIZE, DECODING_SETTINGS, make_blip, regions_show_tell
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -150,7 +151,7 @@ def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, pre
             with torch.no_grad():
                 for parameter in model.parameters():
                     parameter.add_(0.05 * torch.randn_like(parameter))
-        assert 0 < len(step_decoding._DECODING_GRAPHS[model]) <= step_decoding.MAX_DECODING_GRAPHS_PER_MODEL
+        assert 0 < len(step_decoding._CAPTURED_CALLS[model]) <= step_decoding.MAX_GRAPHS_PER_MODEL
 
 
 def test_the_texts_of_samples_the_gpu_still_decodes_are_read_ahead_of_the_work_queued_after_them(tmp_path):
@@ -172,6 +173,34 @@ def test_the_texts_of_samples_the_gpu_still_decodes_are_read_ahead_of_the_work_q
     texts = captions.texts
     assert texts == [text.strip() for text in processor.batch_decode(decoded[True], skip_special_tokens=True)]
     assert torch.isfinite(queued).all()
+
+
+def test_rollouts_replayed_as_a_graph_are_those_of_the_step_by_step_loop(tmp_path):
+    processor = CaptionProcessor.from_pretrained(WARM_START)
+    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
+        "image"
+    ]
+    inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}
+    model = ShowTellRL.from_pretrained(WARM_START).cuda()
+    torch.manual_seed(0)
+    with evaluation_mode(model):
+        sequences = model.generate(**inputs, do_sample=True, max_new_tokens=16, num_return_sequences=2)
+    mask = caption_token_mask(sequences, model.config.eos_token_id)
+    image_index = torch.arange(32, device="cuda").repeat_interleave(2)
+    num_rows = 3 * int((mask.sum(dim=1) - 1).sum())
+    common = dict(
+        num_rollouts=3, max_length=16, eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id,
+        image_index=image_index, uniforms=torch.rand(num_rows, 16, device="cuda"), drop_finished_rows=False,
+    )  # fmt: skip
+    rollouts = []
+    for cuda_graphs in (False, True, True, True):  # the second call with graphs captures, the third replays
+        step_decoding.use_cuda_graphs(cuda_graphs)
+        try:
+            rollouts.append(sample_rollouts(model, inputs, sequences, mask, **common).sequences)
+        finally:
+            step_decoding.use_cuda_graphs(True)
+    assert all(torch.equal(rollouts[0], replayed) for replayed in rollouts[1:])
+    assert len(step_decoding._CAPTURED_CALLS[model]) == 1
 
 
 def test_rewards_reach_the_gpu_behind_the_queued_work_unchanged():

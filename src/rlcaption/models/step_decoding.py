@@ -18,7 +18,7 @@ import copy
 import functools
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -33,11 +33,16 @@ from transformers import (
 from transformers.utils import logging
 
 __all__ = [
+    "CapturedCall",
     "check_decodes_plainly",
     "decode_steps",
     "decodes_plainly",
     "draw_tokens",
+    "graph_key",
+    "graphed_call",
     "logits_warpers",
+    "split_state",
+    "state_with",
     "use_cuda_graphs",
 ]
 
@@ -140,22 +145,19 @@ def _state_device(state: Any) -> torch.device:
     return next(iter(_state_tensors(state).values())).device
 
 
-class _DecodingGraph:
+class CapturedCall:
     """
-    A whole decoding of `config.max_new_tokens` tokens captured as one CUDA graph, for one batch shape: replaying it
-    launches every kernel of every step at once, with no host work per token. Its input is the initial state's
-    tensors, copied into static buffers; it decodes every step, also past the end of the last caption, since a graph
-    cannot stop early. Parameters are read where they live, so updates in place (optimizer steps, `load_state_dict`)
-    are seen. Random draws come from the device's default generator, as in eager decoding.
+    `function(**inputs)` captured as one CUDA graph for the shapes of `inputs`, and replayed on new values of the same
+    shapes: every kernel of the call at once, with no host work per kernel. The call must not read the device's
+    values on the host (no `.item()`, no branching on them: a decoding loop runs every step rather than stop early)
+    and returns one tensor, which the graph overwrites at each replay: a replay returns a copy. Parameters are read
+    where they live, so updates in place (optimizer steps, `load_state_dict`) are seen. Random draws come from the
+    device's default generator, as in eager calls.
     """
 
-    def __init__(self, step: Callable, state: Any, num_captions: int, config: GenerationConfig):
-        device = _state_device(state)
-        self.state = copy.copy(state)
-        for name, tensor in _state_tensors(state).items():
-            setattr(self.state, name, tensor.clone())
-        self.sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=device)
-        decode = functools.partial(_decode_steps, step, self.state, self.sequences, config, stops_early=False)
+    def __init__(self, function: Callable[..., torch.Tensor], inputs: Mapping[str, torch.Tensor]):
+        self.inputs = {name: tensor.clone() for name, tensor in inputs.items()}
+        device = next(iter(self.inputs.values())).device
         # autocast's cache of cast weights would be freed under the graph when autocast exits
         autocast = torch.autocast(
             "cuda", torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False
@@ -164,42 +166,43 @@ class _DecodingGraph:
         side_stream = torch.cuda.Stream(device)
         side_stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side_stream), autocast:
-            decode()  # warm-up, as capture requires: lazy initialisations and the allocations of a first run
+            function(**self.inputs)  # warm-up, as capture requires: lazy initialisations and a first run's allocations
         torch.cuda.current_stream(device).wait_stream(side_stream)
-        torch.cuda.set_rng_state(generator_state, device)  # the first replay draws what eager decoding would draw
+        torch.cuda.set_rng_state(generator_state, device)  # the first replay draws what an eager call would draw
         self.graph = torch.cuda.CUDAGraph()
         # thread-local: a data loader's pin-memory thread allocating during the capture must not break it
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), autocast:
-            decode()
+            self.output = function(**self.inputs)
 
-    def __call__(self, state: Any) -> torch.LongTensor:
-        for name, tensor in _state_tensors(state).items():
-            getattr(self.state, name).copy_(tensor)
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        for name, tensor in inputs.items():
+            self.inputs[name].copy_(tensor)
         self.graph.replay()
-        return self.sequences.clone()
+        return self.output.clone()
 
 
-# The captured decodings of each network, most recently used last. A graph keeps the memory of its intermediates,
-# so only a few batch shapes are kept: RL training decodes the same few shapes at every step.
-_DECODING_GRAPHS: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
-MAX_DECODING_GRAPHS_PER_MODEL = 4
+# The captured calls of each network, most recently used last. A graph keeps the memory of its intermediates, so only
+# a few are kept: RL training decodes the same few batch shapes at every step.
+_CAPTURED_CALLS: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
+MAX_GRAPHS_PER_MODEL = 6
 _UNCAPTURABLE = object()
-# The batch shapes each network decoded once, most recent last. A shape's graph is captured at its second decoding:
-# shapes that change at almost every batch (region features padded to each batch's largest count, a last smaller
-# batch) are then decoded step by step, instead of each costing a capture and evicting the graphs that are reused.
-_SHAPES_DECODED_ONCE: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
-MAX_SHAPES_REMEMBERED_PER_MODEL = 64
+# The keys each network was called with once, most recent last. A key's graph is captured at its second call: shapes
+# that change at almost every batch (region features padded to each batch's largest count, a last smaller batch) then
+# run eagerly, instead of each costing a capture and evicting the graphs that are reused.
+_KEYS_CALLED_ONCE: weakref.WeakKeyDictionary[nn.Module, OrderedDict] = weakref.WeakKeyDictionary()
+MAX_KEYS_REMEMBERED_PER_MODEL = 64
 
 
-def _graph_key(model: nn.Module, state: Any, num_captions: int, config: GenerationConfig) -> tuple | None:
-    """What a captured decoding depends on, or None where a CUDA graph cannot hold it (not one CUDA device)."""
-    state_tensors, parameters = _state_tensors(state), list(model.parameters())
-    devices = {tensor.device for tensor in [*state_tensors.values(), *parameters]}
+def graph_key(model: nn.Module, inputs: Mapping[str, torch.Tensor], settings: tuple) -> tuple | None:
+    """What a captured call of `model` on `inputs` depends on besides their values (their shapes, the parameters'
+    storage, every module's dropout, autocast, the caller's `settings`), or None where a CUDA graph cannot hold the
+    call (not all on one CUDA device, or inside another capture)."""
+    parameters = list(model.parameters())
+    devices = {tensor.device for tensor in [*inputs.values(), *parameters]}
     if len(devices) != 1 or next(iter(devices)).type != "cuda" or torch.cuda.is_current_stream_capturing():
         return None
     return (
-        num_captions,
-        tuple((name, tensor.shape, tensor.dtype) for name, tensor in state_tensors.items()),
+        tuple((name, tensor.shape, tensor.dtype) for name, tensor in inputs.items()),
         tuple(parameter.data_ptr() for parameter in parameters),
         # dropout on or off is baked into the graph
         tuple(
@@ -208,39 +211,83 @@ def _graph_key(model: nn.Module, state: Any, num_captions: int, config: Generati
         ),
         torch.is_autocast_enabled("cuda"),
         torch.get_autocast_dtype("cuda"),
-        config.do_sample, config.temperature, config.top_k, config.top_p, config.max_new_tokens,
-        config.bos_token_id, config.eos_token_id, config.pad_token_id,
-    )  # fmt: skip
+        *settings,
+    )
 
 
-def _graphed_decoding(
-    model: nn.Module, step: Callable, state: Any, num_captions: int, config: GenerationConfig
-) -> _DecodingGraph | None:
-    key = _graph_key(model, state, num_captions, config)
-    if key is None:
-        return None
-    graphs = _DECODING_GRAPHS.setdefault(model, OrderedDict())
+def _captured(model: nn.Module, key: tuple, capture: Callable[[], CapturedCall]) -> CapturedCall | None:
+    """The graph of `key` among `model`'s, captured now at the key's second call; None where the call runs eagerly:
+    its first call, or an operation that a CUDA graph cannot capture."""
+    graphs = _CAPTURED_CALLS.setdefault(model, OrderedDict())
     graph = graphs.get(key)
     if graph is None:
-        decoded_once = _SHAPES_DECODED_ONCE.setdefault(model, OrderedDict())
-        if key not in decoded_once:
-            decoded_once[key] = None
-            while len(decoded_once) > MAX_SHAPES_REMEMBERED_PER_MODEL:
-                decoded_once.popitem(last=False)
+        called_once = _KEYS_CALLED_ONCE.setdefault(model, OrderedDict())
+        if key not in called_once:
+            called_once[key] = None
+            while len(called_once) > MAX_KEYS_REMEMBERED_PER_MODEL:
+                called_once.popitem(last=False)
             return None
-        del decoded_once[key]
+        del called_once[key]
         try:
-            graph = _DecodingGraph(step, state, num_captions, config)
-        except RuntimeError as error:  # an operation that a CUDA graph cannot capture: decode step by step
-            logger.warning_once(
-                f"Decoding step by step: this model's decoding cannot be captured as a CUDA graph ({error})."
-            )
+            graph = capture()
+        except RuntimeError as error:  # an operation that a CUDA graph cannot capture: run eagerly
+            logger.warning_once(f"Decoding step by step: a decoding of this model cannot be a CUDA graph ({error}).")
             graph = _UNCAPTURABLE
         graphs[key] = graph
-        while len(graphs) > MAX_DECODING_GRAPHS_PER_MODEL:
+        while len(graphs) > MAX_GRAPHS_PER_MODEL:
             graphs.popitem(last=False)
     graphs.move_to_end(key)
     return None if graph is _UNCAPTURABLE else graph
+
+
+def graphed_call(
+    model: nn.Module,
+    function: Callable[..., torch.Tensor],
+    inputs: Mapping[str, torch.Tensor],
+    settings: tuple,
+    enabled: bool | None = None,
+) -> torch.Tensor | None:
+    """
+    `function(**inputs)` replayed as the CUDA graph of `model` for these shapes and `settings` (captured at their
+    second call, a few kept per model; see [`CapturedCall`] for what `function` may do), or None where the caller
+    runs it eagerly: not on one CUDA device, graphs not `enabled` (by default as [`use_cuda_graphs`] set it, on), the
+    first call of a key, or an operation that a graph cannot capture. `settings` holds whatever else `function` bakes
+    in (sizes, sampling settings, special tokens).
+    """
+    if not (_CUDA_GRAPHS["enabled"] if enabled is None else enabled):
+        return None
+    key = graph_key(model, inputs, settings)
+    graph = None if key is None else _captured(model, key, lambda: CapturedCall(function, inputs))
+    return None if graph is None else graph(inputs)
+
+
+def split_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """A copy of a decoding state without its tensors, and the tensors by name: a graph of a loop from the state takes
+    the tensors as its inputs, and keeps no tensor of the state it was captured from."""
+    tensors = _state_tensors(state)
+    template = copy.copy(state)
+    for name in tensors:
+        setattr(template, name, None)
+    return template, tensors
+
+
+def state_with(template: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """The state of [`split_state`]'s `template` holding `tensors`."""
+    state = copy.copy(template)
+    for name, tensor in tensors.items():
+        setattr(state, name, tensor)
+    return state
+
+
+def _decoding_from(
+    step: Callable, state_template: Any, num_captions: int, config: GenerationConfig, **state_tensors: torch.Tensor
+) -> torch.LongTensor:
+    """Every step of a decoding from the state `state_template` holding `state_tensors`: what a graph captures."""
+    state = state_with(state_template, state_tensors)
+    device = next(iter(state_tensors.values())).device
+    sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=device)
+    _decode_steps(step, state, sequences, config, stops_early=False)
+    return sequences
 
 
 _CUDA_GRAPHS = {"enabled": True}
@@ -284,11 +331,16 @@ def decode_steps(
         graph's decoding without `trim`.
     """
     check_decodes_plainly(config)
-    graph = None
+    sequences = None
     if _CUDA_GRAPHS["enabled"] if cuda_graphs is None else cuda_graphs:
-        graph = _graphed_decoding(model, step, state, num_captions, config)
-    if graph is not None:
-        sequences = graph(state)
+        template, state_tensors = split_state(state)
+        settings = (
+            "decoding", num_captions, config.do_sample, config.temperature, config.top_k, config.top_p,
+            config.max_new_tokens, config.bos_token_id, config.eos_token_id, config.pad_token_id,
+        )  # fmt: skip
+        decoding = functools.partial(_decoding_from, step, template, num_captions, config)
+        sequences = graphed_call(model, decoding, state_tensors, settings, enabled=True)
+    if sequences is not None:
         return _trim_after_last_end(sequences, config.eos_token_id) if trim else sequences
     sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=_state_device(state))
     _decode_steps(step, state, sequences, config, stops_early=True)

@@ -15,12 +15,14 @@ fitted to Q by mean squared error, and the policy follows
 
 All prefixes × rollouts of a batch are decoded together: the LSTM state after every prefix comes from one pass over the
 sampled captions ([`ShowTellRL.prefix_states`]), is repeated K times, and all rows are stepped in one loop until they
-end; prefixes are never re-encoded. [`sample_rollouts_per_prefix`] is the plain one-prefix-at-a-time version, kept as
-the reference the batched decoder is tested and benchmarked against.
+end; prefixes are never re-encoded. On a GPU that loop is captured as one CUDA graph and replayed, its rows padded to
+one of a few counts so that batches of other caption lengths reuse the graph. [`sample_rollouts_per_prefix`] is the
+plain one-prefix-at-a-time version, kept as the reference the batched decoder is tested and benchmarked against.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList
 
@@ -40,7 +43,7 @@ from ..decoding import (
     selective_log_softmax,
 )
 from ..models.show_tell_rl import CACHE_NAME
-from ..models.step_decoding import STEPS_BETWEEN_END_CHECKS, logits_warpers
+from ..models.step_decoding import STEPS_BETWEEN_END_CHECKS, graphed_call, logits_warpers, split_state, state_with
 from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective, reward_tensor
@@ -232,7 +235,8 @@ def sample_rollouts(
         drop_finished_rows (`bool`, *optional*): whether rows that ended leave the batch at every step. That saves
             their computation, where computation is the cost (the default on a CPU), but it asks the device which
             rows ended at every step; on a GPU (the default there) the finished rows are stepped along and written
-            nowhere, and whether all have ended is asked every few steps. The rollouts are the same either way.
+            nowhere, and whether all have ended is asked every few steps, or, where [`use_cuda_graphs`] is on (the
+            default), the whole loop replays as a CUDA graph. The rollouts are the same either way.
 
     Returns:
         [`Rollouts`] with `R = K * Σ_n (length_n − 1)` rows (no rollout after a caption's last step).
@@ -247,20 +251,69 @@ def sample_rollouts(
         image_inputs = repeat_image_inputs(image_inputs, image_index)
     warpers = _policy_warpers(temperature, top_k, top_p)
 
+    if drop_finished_rows is None:
+        drop_finished_rows = sequences.device.type == "cpu"
     with evaluation_mode(model), torch.no_grad():
         # 1. LSTM state after every prefix of the sampled captions: (L, N, T+1, H) each
         prefix_states = model.prefix_states(sequences, **image_inputs)
-        # 2. each rollout row starts from the state after <bos> g_{1:t-1} and reads g_t, whose logits give token t+1
-        state = prefix_states.state_after(caption_index, prefix_length)
-        tokens = sequences[caption_index, prefix_length]  # (R,) g_t
-        completed = _prefix_sequences(sequences, caption_index, prefix_length, max_length + 1, pad_token_id)
-        budget = max_length - prefix_length  # (R,) tokens each row may still add, >= 1
-        # 3. one loop over all rows
-        if drop_finished_rows is None:
-            drop_finished_rows = sequences.device.type == "cpu"
+        # 2. on a GPU, the whole loop as a CUDA graph (`graphed_call` declines elsewhere), over rows padded to one of
+        # a few counts
+        if not drop_finished_rows:
+            settings = ("rollouts", max_length, eos_token_id, pad_token_id, temperature, top_k, top_p)
+            padding = _padded_row_count(num_rows) - num_rows  # rows that continue the first prefix, dropped after
+            inputs = _rollout_start(
+                prefix_states, sequences, F.pad(caption_index, (0, padding)),
+                F.pad(prefix_length, (0, padding), value=1), max_length, pad_token_id,
+            )  # fmt: skip
+            template, state_tensors = split_state(inputs.pop("state"))
+            inputs |= state_tensors | {"uniforms": F.pad(uniforms, (0, 0, 0, padding))}
+            steps = functools.partial(_rollout_steps_from, model, template, warpers, eos_token_id)
+            completed = graphed_call(model, steps, inputs, settings)
+            if completed is not None:
+                return Rollouts(completed[:num_rows], caption_index, prefix_length)
+        # 3. or one loop over all rows, step by step
+        inputs = _rollout_start(prefix_states, sequences, caption_index, prefix_length, max_length, pad_token_id)
         loop = _steps_dropping_finished_rows if drop_finished_rows else _steps_keeping_finished_rows
-        loop(model, state, tokens, completed, prefix_length, budget, uniforms, warpers, eos_token_id)
-    return Rollouts(completed, caption_index, prefix_length)
+        loop(model, inputs.pop("state"), **inputs, uniforms=uniforms, warpers=warpers, eos=eos_token_id)
+    return Rollouts(inputs["completed"], caption_index, prefix_length)
+
+
+def _rollout_start(
+    prefix_states: Any,
+    sequences: torch.LongTensor,
+    caption_index: torch.LongTensor,
+    prefix_length: torch.LongTensor,
+    max_length: int,
+    pad_token_id: int,
+) -> dict[str, Any]:
+    """Where each rollout row starts: the state after <bos> g_{1:t-1}, the token g_t it reads next (whose logits give
+    token t+1), the sequences so far and the tokens each row may still add (>= 1)."""
+    return {
+        "state": prefix_states.state_after(caption_index, prefix_length),
+        "tokens": sequences[caption_index, prefix_length],  # (R,) g_t
+        "completed": _prefix_sequences(sequences, caption_index, prefix_length, max_length + 1, pad_token_id),
+        "prefix_length": prefix_length,
+        "budget": max_length - prefix_length,  # (R,)
+    }
+
+
+def _padded_row_count(num_rows: int) -> int:
+    """`num_rows` rounded up to a multiple of an eighth of its power of two: at most a quarter more rows, and, as the
+    rollouts of a batch size vary in number, a few row counts, whose graphs are reused."""
+    granularity = 2 ** max(num_rows.bit_length() - 3, 0)
+    return -(-num_rows // granularity) * granularity
+
+
+def _rollout_steps_from(
+    model, state_template, warpers, eos, *, tokens, completed, prefix_length, budget, uniforms, **state_tensors
+) -> torch.LongTensor:
+    """Every step of the rollout loop from the state `state_template` holding `state_tensors`, the finished rows
+    stepped along: what a CUDA graph captures. Returns `completed`, written in place."""
+    state = state_with(state_template, state_tensors)
+    _steps_keeping_finished_rows(
+        model, state, tokens, completed, prefix_length, budget, uniforms, warpers, eos, stops_early=False
+    )
+    return completed
 
 
 def _steps_dropping_finished_rows(model, state, tokens, completed, prefix_length, budget, uniforms, warpers, eos):
@@ -279,21 +332,24 @@ def _steps_dropping_finished_rows(model, state, tokens, completed, prefix_length
             state = state.select(alive)
 
 
-def _steps_keeping_finished_rows(model, state, tokens, completed, prefix_length, budget, uniforms, warpers, eos):
-    """Rollout steps over every row, the finished ones written nowhere; whether all have ended is asked every few
-    steps, the only waits for the device."""
+def _steps_keeping_finished_rows(
+    model, state, tokens, completed, prefix_length, budget, uniforms, warpers, eos, stops_early: bool = True
+):
+    """Rollout steps over every row, the finished ones written nowhere; with `stops_early`, whether all have ended is
+    asked every few steps, the only waits for the device."""
     rows = torch.arange(tokens.numel(), device=tokens.device)
     alive = torch.ones_like(tokens, dtype=torch.bool)
     last_column = completed.shape[1] - 1
     uniforms_by_step = uniforms.t().contiguous()  # a step's draws side by side, as the search over the CDF reads them
-    for step in range(int(budget.max())):
+    # rows start after a prefix of at least one token: the longest continuation is one token short of the budget
+    for step in range(completed.shape[1] - 2):
         logits, _, state = model.step(tokens, state)
         tokens = _sample_from(warpers(None, logits.float()), uniforms_by_step[step])
         # a finished row's position may lie past the last column: it writes back what is there
         columns = (prefix_length + 1 + step).clamp(max=last_column)
         completed[rows, columns] = torch.where(alive, tokens, completed[rows, columns])
         alive &= (tokens != eos) & (step + 1 < budget)
-        if step % STEPS_BETWEEN_END_CHECKS == STEPS_BETWEEN_END_CHECKS - 1 and not bool(alive.any()):
+        if stops_early and step % STEPS_BETWEEN_END_CHECKS == STEPS_BETWEEN_END_CHECKS - 1 and not bool(alive.any()):
             break
 
 

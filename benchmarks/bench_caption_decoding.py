@@ -5,22 +5,29 @@ tokenizer for the batch) against the tokenizer's `decode` called once per captio
 
 768 captions are what an SCST step decodes at 128 images (5 samples and the greedy caption per image); 3,840 about
 what `spider_pg`'s rollouts decode (M = 1, K = 3). The ids are drawn from the vocabulary, 20 tokens after `<bos>`,
-each caption cut at a random end token as sampled captions are. Medians of `--repeats` after one call, and whether the
-texts are the same.
+each caption cut at a random end token as sampled captions are: all different. A last row decodes real rollouts, those
+of the published `spider_pg` checkpoint for `--rollout-images` training images, which repeat themselves (each distinct
+caption is decoded once). Medians of `--repeats` after one call, and whether the texts are the same.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
+import datasets
 import torch
 
-from rlcaption import CaptionProcessor
+from rlcaption import CaptionProcessor, ShowTellRL
+from rlcaption.data import load_shapes
+from rlcaption.decoding import caption_token_mask, generate_captions
+from rlcaption.objectives.spider_pg import sample_rollouts
 
 WARM_START = Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe"
+SPIDER_PG = WARM_START.parent / "show-tell-rl-shapes-spider-pg-cider"
 
 
 def median_ms(function, repeats: int) -> tuple[float, list[str]]:
@@ -38,17 +45,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, default=WARM_START, help="A folder with a CaptionProcessor.")
     parser.add_argument("--captions", type=int, nargs="+", default=[768, 3840])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--rollout-images", type=int, default=128, help="0: no row of real rollouts.")
     args = parser.parse_args(argv)
+    datasets.disable_progress_bars()
     processor = CaptionProcessor.from_pretrained(args.model)
     tokenizer = processor.tokenizer
     generator = torch.Generator().manual_seed(0)
-    print("| captions | per caption ms | batch ms | speed-up | same texts |")
-    print("|---|---|---|---|---|")
+    cases = []
     for count in args.captions:
         ids = torch.randint(len(processor.tokenizer.all_special_ids), len(tokenizer), (count, 21), generator=generator)
         ids[:, 0] = tokenizer.bos_token_id
         ids[torch.arange(count), torch.randint(5, 21, (count,), generator=generator)] = tokenizer.eos_token_id
-
+        cases.append((str(count), ids))
+    if args.rollout_images:
+        ids = spider_pg_rollouts(args.rollout_images)
+        cases.append((f"{len(ids)} rollouts ({len(set(decode_each(tokenizer, ids)))} distinct)", ids))
+    print("| captions | per caption ms | batch ms | speed-up | same texts |")
+    print("|---|---|---|---|---|")
+    for count, ids in cases:
         per_caption_ms, expected = median_ms(lambda ids=ids: decode_each(tokenizer, ids), args.repeats)
         batch_ms, texts = median_ms(
             lambda ids=ids: processor.batch_decode(ids, skip_special_tokens=True), args.repeats
@@ -61,8 +75,24 @@ def main(argv: list[str] | None = None) -> None:
 
 def decode_each(tokenizer, ids: torch.Tensor) -> list[str]:
     """The tokenizer's `decode` once per caption, each cut after its first end token."""
-    cut = [row[: row.index(tokenizer.eos_token_id, 1) + 1] for row in ids.tolist()]
+    end = tokenizer.eos_token_id
+    cut = [row[: row.index(end, 1) + 1] if end in row[1:] else row for row in ids.tolist()]
     return [tokenizer.decode(row, skip_special_tokens=True) for row in cut]
+
+
+def spider_pg_rollouts(num_images: int) -> torch.Tensor:
+    """The rollouts (M = 1, K = 3, 20 tokens) of the published `spider_pg` checkpoint for shapes training images."""
+    model = ShowTellRL.from_pretrained(SPIDER_PG)
+    processor = CaptionProcessor.from_pretrained(SPIDER_PG)
+    with tempfile.TemporaryDirectory() as cache_dir:
+        images = load_shapes(num_train=num_images, num_validation=4, num_test=4, image_size=48, cache_dir=cache_dir)
+        pixel_values = processor(images=images["train"]["image"], return_tensors="pt")["pixel_values"]
+    torch.manual_seed(0)
+    inputs = {"pixel_values": pixel_values}
+    samples = generate_captions(model, processor, inputs, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=20)
+    mask = caption_token_mask(samples.sequences, model.config.eos_token_id)
+    end, pad = model.config.eos_token_id, model.config.pad_token_id
+    return sample_rollouts(model, inputs, samples.sequences, mask, 3, 20, end, pad).sequences
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ A process scores no fewer than `rlcaption.rewards.processes.MIN_ROWS_PER_SHARE` 
 call has shares of that size change nothing.
 
 A step's captions are built from shapes references (each image's own, another image's, one cut short, and an empty
-one, repeated): `--images` x 6 captions, as an SCST step of 5 samples and a greedy caption per image scores, and
-`--images` x 30, about what `spider_pg`'s rollouts (M = 1, K = 3, 10 tokens) score. Each is scored by
+one, repeated with a number added, so that every caption of an image differs: a caption repeated is scored once,
+see `bench_reward_repeats.py`): `--images` x 6 captions, as an SCST step of 5 samples and a greedy caption per image
+scores, and `--images` x 30, about what `spider_pg`'s rollouts (M = 1, K = 3, 10 tokens) score. Each is scored by
 `RewardMix.score_groups` with the CIDEr-D reward (document frequencies of the training references) in process and
 with `use_processes(N)`; medians of `--repeats` calls after one, and whether the values are the same.
 """
@@ -33,7 +34,12 @@ def captions_of(references: list[list[str]], per_image: int, seed: int = 0) -> l
         captions[0], pool[int(generator.integers(len(pool)))], " ".join(captions[1].split()[:3]), "",
         captions[2], pool[int(generator.integers(len(pool)))],
     ]  # fmt: skip
-    return [(pattern(captions) * per_image)[:per_image] for captions in references]
+    # the pattern's k-th repetition carries the number k
+    numbered = lambda caption, repetition: f"{caption} {repetition}".strip() if repetition else caption  # noqa: E731
+    return [
+        [numbered(caption, row // 6) for row, caption in enumerate(pattern(captions) * per_image)][:per_image]
+        for captions in references
+    ]
 
 
 def time_scoring(mix: RewardMix, completions, references, image_ids, repeats: int) -> tuple[float, np.ndarray]:

@@ -309,6 +309,8 @@ class StepTimer:
         self.batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
         self.initial = copy.deepcopy(trainer.model.state_dict())
         self.sampling_watches = [Stopwatch(trainer, name, self.device) for name in SAMPLING_METHODS]
+        # sampled captions decode their texts when the rewards first read them
+        self.sampling_watches.append(Stopwatch(trainer.processing_class, "batch_decode", self.device))
         self.reward_watch = Stopwatch(trainer, "start_rewards", self.device)
         self.steps, self.sampling, self.rewards = [], [], []
 

@@ -265,3 +265,7 @@ def test_generated_captions_decode_their_texts_when_first_read_and_once(processo
     assert decodings == [] and captions.sequences is sequences
     assert captions.texts == ["a red circle", "two shapes", "a blue square"]
     assert captions.texts == ["a red circle", "two shapes", "a blue square"] and len(decodings) == 1
+    # texts known already are kept as they are
+    assert GeneratedCaptions(sequences, texts=["a", "b", "c"]).texts == ["a", "b", "c"] and len(decodings) == 1
+    with pytest.raises(ValueError, match="processor"):
+        GeneratedCaptions(sequences)

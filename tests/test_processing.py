@@ -105,6 +105,11 @@ def test_batch_decoding_equals_the_tokenizer_decoding_each_caption(
     ids = torch.randint(0, len(processor.tokenizer), (200, 12), generator=generator)  # specials anywhere
     ids[:, 0] = 1
     eos = processor.tokenizer.eos_token_id
+    # repeated captions, as rollouts repeat, also with other tokens after their end token: decoded once, each row
+    # gets its text
+    changed_after_end = ids[:100].clone()
+    changed_after_end[:, -1] = (changed_after_end[:, -1] + 1) % len(processor.tokenizer)
+    ids = torch.cat([ids, ids[::4], changed_after_end])
     expected = []
     for row in ids.tolist():
         cut = row[: row.index(eos, 1) + 1] if eos in row[1:] else row

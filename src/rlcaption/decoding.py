@@ -58,26 +58,33 @@ class GeneratedCaptions:
     Captions produced by [`generate_captions`]: their token ids, and their texts, decoded from the ids when first read.
 
     On a GPU, decoding may return while the device still computes the token ids: a copy of them to host memory is
-    queued at once, and reading `texts` waits for that copy only, not for the work queued after it. An RL step can so
-    queue the pass that scores its samples before it reads their texts to reward them.
+    queued at once on their device's current stream, and reading `texts` waits for that copy only, not for the work
+    queued after it. An RL step can so queue the pass that scores its samples before it reads their texts to reward
+    them. Sequences computed on another stream must be waited for on the current one before they are wrapped.
 
     Args:
         sequences (`torch.LongTensor` of shape `(num_captions, length)`):
             Token ids, starting with the start token, padded after the end token.
         processor: anything with `batch_decode(sequences, skip_special_tokens=True)`; `texts` are decoded with it.
+        texts (`list[str]`, *optional*): the decoded captions, where they are known already (then no `processor`).
     """
 
-    def __init__(self, sequences: torch.LongTensor, processor: Any):
+    def __init__(self, sequences: torch.LongTensor, processor: Any = None, texts: list[str] | None = None):
+        if processor is None and texts is None:
+            raise ValueError("GeneratedCaptions needs the processor that decodes its sequences, or their texts.")
         self.sequences = sequences
         self._processor = processor
-        self._texts: list[str] | None = None
+        self._texts = texts
         self._host_sequences = sequences
         self._copied: torch.cuda.Event | None = None
-        if sequences.device.type == "cuda":
+        if texts is None and sequences.device.type == "cuda":
             self._host_sequences = torch.empty(sequences.shape, dtype=sequences.dtype, pin_memory=True)
-            self._host_sequences.copy_(sequences, non_blocking=True)
+            # the copy goes on the current stream of the sequences' device, which need not be the current device
+            stream = torch.cuda.current_stream(sequences.device)
+            with torch.cuda.stream(stream):
+                self._host_sequences.copy_(sequences, non_blocking=True)
             self._copied = torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(stream)
 
     @property
     def texts(self) -> list[str]:

@@ -181,6 +181,7 @@ def test_the_rollout_loop_a_gpu_captures_as_a_graph_gives_the_step_by_step_rollo
         return function(**{name: tensor.clone() for name, tensor in inputs.items()})
 
     monkeypatch.setattr(spider_pg_module, "graphed_call", graph_run_eagerly)
+    monkeypatch.setattr(spider_pg_module, "captures_graphs_on", lambda device: True)
     graphed = sample_rollouts(
         model, {"pixel_values": pixel_values}, sequences, mask, drop_finished_rows=False, **common
     )

@@ -70,3 +70,44 @@ def test_reward_names():
             return [0.0] * len(completions)
 
     assert reward_name(Scorer()) == "Scorer"
+
+
+class RecordingReward:
+    """A reward of each caption on its own (its length plus its image's first reference's), recording the rows of
+    every call."""
+
+    def __init__(self, independent):
+        self.scores_captions_independently = independent
+        self.calls = []
+
+    def __call__(self, *, completions, references, image_id, **columns):
+        self.calls.append(list(zip(image_id, completions, strict=True)))
+        pairs = zip(completions, references, strict=True)
+        return [len(completion) + 0.01 * len(captions[0]) for completion, captions in pairs]
+
+
+def test_a_reward_of_each_caption_on_its_own_is_computed_once_per_distinct_image_and_caption():
+    # a trained policy's samples repeat themselves; the same caption of another image is another pair
+    completions = [["a red circle", "a circle", "a red circle", "a red circle"], ["a red circle", "a blue star"]]
+    references = [["a red circle on white"], ["a blue star and a red circle"]]
+    independent, dependent = RecordingReward(True), RecordingReward(False)
+    mix = RewardMix([independent, dependent], weights=[1.0, 2.0])
+    total, components = mix.score_groups(completions=completions, references=references, image_id=["x", "y"])
+    distinct = [("x", "a red circle"), ("x", "a circle"), ("y", "a red circle"), ("y", "a blue star")]
+    assert independent.calls == [distinct]
+    assert len(dependent.calls[0]) == 6  # a reward that may read the other rows of the call gets every row
+    expected = [12.21, 8.21, 12.21, 12.21, 12.28, 11.28]
+    np.testing.assert_allclose(components[reward_name(independent)], expected)
+    np.testing.assert_allclose(components[reward_name(dependent) + "_2"], expected)
+    np.testing.assert_allclose(total, 3 * np.array(expected))
+
+
+def test_a_non_finite_reward_of_a_repeated_caption_names_its_image_and_caption():
+    def bad_for_circles(*, completions, references, **columns):
+        return [math.nan if "circle" in completion else 1.0 for completion in completions]
+
+    bad_for_circles.scores_captions_independently = True
+    with pytest.raises(ValueError, match=r"group 1 completion 0 \('a circle'\)"):
+        RewardMix([bad_for_circles]).score_groups(
+            completions=[["a star", "a star"], ["a circle", "a circle"]], references=[["a star"], ["a circle"]]
+        )

@@ -93,12 +93,15 @@ def batch(tmp_path_factory):
     )["train"]
     references = train["captions"][:40]
     generator = np.random.default_rng(0)
-    # each image's captions: some of its references, others', cut short, and one empty
+    # each image's captions: some of its references, others', cut short, and one empty; 8 different ones, so that no
+    # reward is computed once for several rows (see test_mix.py) and the 320 rows are split over the processes
     pool = [caption for captions in references for caption in captions]
-    completions = [
-        [captions[0], pool[int(generator.integers(len(pool)))], " ".join(captions[1].split()[:3]), ""] * 2
-        for captions in references
-    ]
+    completions = []
+    for captions in references:
+        picks = [pool[int(generator.integers(len(pool)))] for _ in range(4)]
+        candidates = [captions[0], picks[0], " ".join(captions[1].split()[:3]), "", *picks[1:], captions[2]]
+        group = list(dict.fromkeys(candidates))  # a pick may be one of the image's own captions
+        completions.append(group + [f"{captions[3]} {count}" for count in range(8 - len(group))])
     return train, completions, references, list(range(40))
 
 

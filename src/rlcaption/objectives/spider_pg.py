@@ -43,7 +43,14 @@ from ..decoding import (
     selective_log_softmax,
 )
 from ..models.show_tell_rl import CACHE_NAME
-from ..models.step_decoding import STEPS_BETWEEN_END_CHECKS, graphed_call, logits_warpers, split_state, state_with
+from ..models.step_decoding import (
+    STEPS_BETWEEN_END_CHECKS,
+    captures_graphs_on,
+    graphed_call,
+    logits_warpers,
+    split_state,
+    state_with,
+)
 from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective, reward_tensor
@@ -256,9 +263,9 @@ def sample_rollouts(
     with evaluation_mode(model), torch.no_grad():
         # 1. LSTM state after every prefix of the sampled captions: (L, N, T+1, H) each
         prefix_states = model.prefix_states(sequences, **image_inputs)
-        # 2. on a GPU, the whole loop as a CUDA graph (`graphed_call` declines elsewhere), over rows padded to one of
-        # a few counts
-        if not drop_finished_rows:
+        # 2. on a GPU, the whole loop as a CUDA graph, over rows padded to one of a few counts (the graph keeps a copy
+        # of its inputs: an attention model's grid for every row, 66 MB for 3,584 rows of a 3 x 3 grid of 512 floats)
+        if not drop_finished_rows and captures_graphs_on(sequences.device):
             settings = ("rollouts", max_length, eos_token_id, pad_token_id, temperature, top_k, top_p)
             padding = _padded_row_count(num_rows) - num_rows  # rows that continue the first prefix, dropped after
             inputs = _rollout_start(

@@ -183,6 +183,10 @@ class RewardMix:
           once per completion for a function that does not read them.
         - Any other value (a number, a string, `None`) is passed unchanged.
 
+        A function that scores each caption on its own ([`scores_captions_independently`]) and names no array column
+        is called with one row per distinct (image, completion) pair instead, and its values are spread back to every
+        row: a trained policy's samples and rollouts repeat themselves.
+
         Args:
             completions (`Sequence[Sequence[str]]` of length `num_images`): group `i` holds image `i`'s completions;
                 groups may differ in size.
@@ -244,12 +248,42 @@ class RewardMix:
                     expanded[column] = np.take(value, image_of, axis=0)
             return expanded[column]
 
+        # A reward that scores each caption on its own is computed once per distinct (image, completion) pair: a
+        # trained policy's samples and rollouts repeat themselves (3,177 rollouts of 128 images held 464 pairs)
+        distinct_rows, inverse = _distinct_rows(image_of, flat_completions)
+        distinct_completions = [flat_completions[row] for row in distinct_rows]
+        distinct_references = None if flat_references is None else [flat_references[row] for row in distinct_rows]
+        distinct_columns = {
+            column: [values[row] for row in distinct_rows] if isinstance(values, list) else values
+            for column, values in repeated.items()
+        }
+
+        def locate_distinct(row: int) -> str:
+            return locate(int(distinct_rows[row]))
+
         components: dict[str, Any] = {}  # each function's checked values, or those its processes are computing
+        spread = set()  # the functions computed on the distinct pairs
         for index, (name, func, named) in enumerate(zip(self.names, self.funcs, self._named_parameters, strict=True)):
+            once_per_pair = (
+                len(distinct_rows) < num_completions
+                and scores_captions_independently(func)
+                and not is_group_reward(func)
+                and not isinstance(func, RewardMix)
+                and not named & set(arrays)
+            )
+            if once_per_pair:
+                spread.add(name)
             if index in self._in_processes and not named & set(arrays):
-                components[name] = self._processes.submit(
-                    self._in_processes[index], flat_completions, flat_references, **repeated
+                position = self._in_processes[index]
+                components[name] = (
+                    self._processes.submit(position, distinct_completions, distinct_references, **distinct_columns)
+                    if once_per_pair
+                    else self._processes.submit(position, flat_completions, flat_references, **repeated)
                 )
+                continue
+            if once_per_pair:
+                values = func(completions=distinct_completions, references=distinct_references, **distinct_columns)
+                components[name] = _checked_values(name, values, len(distinct_rows), locate_distinct)[inverse]
                 continue
             if isinstance(func, RewardMix):
                 values, _ = func.score_groups(completions=completions, references=references, **image_columns)
@@ -264,7 +298,10 @@ class RewardMix:
 
         def collect() -> tuple[np.ndarray, dict[str, np.ndarray]]:
             for name, values in components.items():
-                if isinstance(values, Pending):
+                if isinstance(values, Pending) and name in spread:
+                    checked = _checked_values(name, values.result(), len(distinct_rows), locate_distinct)
+                    components[name] = checked[inverse]
+                elif isinstance(values, Pending):
                     components[name] = _checked_values(name, values.result(), num_completions, locate)
             return self._weighted_total(components, num_completions), components
 
@@ -284,6 +321,25 @@ class RewardMix:
     def __repr__(self) -> str:
         terms = ", ".join(f"{weight:g}*{name}" for name, weight in zip(self.names, self.weights, strict=True))
         return f"RewardMix({terms})"
+
+
+def _distinct_rows(image_of: np.ndarray, completions: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The first row of every distinct (image, completion) pair, and for every row the index of its pair among
+    those; every row its own pair where a completion cannot be hashed."""
+    first_of_pair: dict[tuple[int, Any], int] = {}
+    try:
+        inverse = np.fromiter(
+            (
+                first_of_pair.setdefault(pair, len(first_of_pair))
+                for pair in zip(image_of.tolist(), completions, strict=True)
+            ),
+            dtype=np.int64,
+            count=len(completions),
+        )
+    except TypeError:
+        rows = np.arange(len(completions))
+        return rows, rows
+    return np.unique(inverse, return_index=True)[1], inverse
 
 
 def _named_parameters(func: Any) -> frozenset[str]:

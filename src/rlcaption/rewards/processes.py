@@ -73,7 +73,8 @@ def _process_context() -> multiprocessing.context.BaseContext:
 
 def scores_captions_independently(func: Any) -> bool:
     """Whether a reward's value for each caption depends on that caption's row of inputs only, as its class or
-    function declares with `scores_captions_independently = True`: then its calls can be split by rows."""
+    function declares with `scores_captions_independently = True`: then its calls can be split by rows, and a row
+    repeated (the same caption of the same image) is computed once."""
     return bool(getattr(func, "scores_captions_independently", False))
 
 

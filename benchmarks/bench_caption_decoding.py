@@ -20,6 +20,7 @@ from pathlib import Path
 
 import datasets
 import torch
+import transformers
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rollout-images", type=int, default=128, help="0: no row of real rollouts.")
     args = parser.parse_args(argv)
     datasets.disable_progress_bars()
+    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
     processor = CaptionProcessor.from_pretrained(args.model)
     tokenizer = processor.tokenizer
     generator = torch.Generator().manual_seed(0)

@@ -16,14 +16,14 @@ independent (every row scored); medians of `--repeats` calls after one, and whet
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import datasets
 import numpy as np
 import torch
+import transformers
+from bench_reward_processes import time_scoring
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
@@ -71,22 +71,14 @@ def step_captions(checkpoint: str, pixel_values: torch.Tensor, rollouts: bool) -
     return groups, len(texts)
 
 
-def time_scoring(mix: RewardMix, completions, references, image_ids, repeats: int) -> tuple[float, np.ndarray]:
-    times = []
-    for repeat in range(1 + repeats):
-        start = time.perf_counter()
-        total, _ = mix.score_groups(completions=completions, references=references, image_id=image_ids)
-        if repeat:
-            times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times), total
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     datasets.disable_progress_bars()
+    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as cache_dir:
         train = load_shapes(num_train=1024, num_validation=4, num_test=4, image_size=48, cache_dir=cache_dir)["train"]
     images = train.select(range(args.images))

@@ -45,6 +45,13 @@ STEPS = [
 ]
 
 
+def warm_start_inputs(tmp_path) -> tuple[CaptionProcessor, dict[str, torch.Tensor]]:
+    """The XE warm start's processor, and the pixels of 32 shapes test images on the GPU."""
+    processor = CaptionProcessor.from_pretrained(WARM_START)
+    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"]
+    return processor, {"pixel_values": processor(images=images["image"], return_tensors="pt")["pixel_values"].cuda()}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize(("objective", "fields", "kind"), STEPS, ids=[case_id(*step) for step in STEPS])
 def test_every_objective_trains_on_the_gpu(
@@ -97,11 +104,7 @@ def test_greedy_captions_on_the_gpu_equal_those_on_the_cpu(tmp_path):
 
 
 def test_the_decoding_loop_samples_on_the_gpu_as_generate_does(tmp_path):
-    processor = CaptionProcessor.from_pretrained(WARM_START)
-    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
-        "image"
-    ]
-    inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}
+    _, inputs = warm_start_inputs(tmp_path)
     model = ShowTellRL.from_pretrained(WARM_START).cuda()
     captioner = captioner_for(model)
     sequences = []
@@ -116,14 +119,11 @@ def test_the_decoding_loop_samples_on_the_gpu_as_generate_does(tmp_path):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, precision):
-    processor = CaptionProcessor.from_pretrained(WARM_START)
-    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
-        "image"
-    ]
+    _, warm_start_pixels = warm_start_inputs(tmp_path)
     warm_start = ShowTellRL.from_pretrained(WARM_START).cuda()
     attention = regions_show_tell(image_attention=True).cuda()
     cases = [
-        (warm_start, {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}),
+        (warm_start, warm_start_pixels),
         (attention, {"image_features": torch.randn(8, 4, 6).cuda(), "image_feature_mask": REGION_MASK.cuda()}),
         (make_blip().cuda(), {"pixel_values": torch.randn(6, 3, BLIP_IMAGE_SIZE, BLIP_IMAGE_SIZE).cuda()}),
     ]
@@ -156,11 +156,7 @@ def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, pre
 
 
 def test_the_texts_of_samples_the_gpu_still_decodes_are_read_ahead_of_the_work_queued_after_them(tmp_path):
-    processor = CaptionProcessor.from_pretrained(WARM_START)
-    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
-        "image"
-    ]
-    inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}
+    processor, inputs = warm_start_inputs(tmp_path)
     model = ShowTellRL.from_pretrained(WARM_START).cuda()
     config = captioner_for(model).complete_generation_config(DECODING_SETTINGS["pure sampling"])
     decoded = {}
@@ -182,11 +178,7 @@ def test_the_texts_of_samples_the_gpu_still_decodes_are_read_ahead_of_the_work_q
 
 
 def test_rollouts_replayed_as_a_graph_are_those_of_the_step_by_step_loop(tmp_path, monkeypatch):
-    processor = CaptionProcessor.from_pretrained(WARM_START)
-    images = load_shapes(num_train=4, num_validation=4, num_test=32, image_size=48, cache_dir=tmp_path)["test"][
-        "image"
-    ]
-    inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].cuda()}
+    _, inputs = warm_start_inputs(tmp_path)
     model = ShowTellRL.from_pretrained(WARM_START).cuda()
     torch.manual_seed(0)
     with evaluation_mode(model):

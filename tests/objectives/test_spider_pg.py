@@ -554,3 +554,32 @@ def test_the_baseline_is_in_training_checkpoints_not_in_the_saved_captioner(proc
     assert (tmp_path / "checkpoint-1" / "auxiliary_networks.safetensors").is_file()
     assert (tmp_path / "final" / "model.safetensors").is_file()
     assert not (tmp_path / "final" / "auxiliary_networks.safetensors").exists()
+
+
+def test_the_captions_are_scored_before_their_and_their_rollouts_texts_are_read(
+    processor, shapes, tmp_path, monkeypatch
+):
+    # on a GPU the host then queues the forward pass while the device still draws the rollouts
+    model = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    trainer = make_trainer(model, processor, shapes, tmp_path / "out", num_paths_per_image=2)
+    events, sampled, rows = [], [], []
+    model.register_forward_pre_hook(lambda *_: events.append("score") if torch.is_grad_enabled() else None)
+    batch_decode = processor.batch_decode
+    monkeypatch.setattr(processor, "batch_decode", lambda *a, **k: events.append("texts") or batch_decode(*a, **k))
+    sample_captions, start_rewards = trainer.sample_captions, trainer.start_rewards
+    monkeypatch.setattr(
+        trainer, "sample_captions", lambda *a, **k: sampled.append(sample_captions(*a, **k)) or sampled[-1]
+    )
+    monkeypatch.setattr(
+        trainer, "start_rewards", lambda texts, inputs, row_index, **k: rows.append(row_index) or start_rewards(
+            texts, inputs, row_index, **k
+        )
+    )  # fmt: skip
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert torch.isfinite(trainer.compute_loss(model, batch))
+    assert events == ["score", "texts", "texts"]  # the samples' texts, then the rollouts'
+    # the image row of every rollout, known without reading the rollouts: that of the caption it continues
+    mask = caption_token_mask(sampled[0].sequences, EOS)
+    caption_index, _ = rollout_prefixes(mask, trainer.args.num_rollouts)
+    assert rows[0] == [row for row in range(len(batch["references"])) for _ in range(2)]
+    assert rows[1] == (caption_index // 2).tolist() and len(rows[1]) > 0

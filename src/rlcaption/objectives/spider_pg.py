@@ -36,6 +36,7 @@ from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ..decoding import (
+    GeneratedCaptions,
     caption_token_mask,
     evaluation_mode,
     image_inputs_of,
@@ -304,6 +305,14 @@ def _rollout_start(
     }
 
 
+def _rollout_rows(token_mask: torch.Tensor, num_rollouts: int, num_paths: int) -> list[int]:
+    """The batch row of each rollout's image, in [`rollout_prefixes`]' order, from the sampled captions' lengths: read
+    before the rollouts are queued, since reading the rollouts' own index afterwards would wait for all the work queued
+    up to then."""
+    lengths = token_mask.sum(dim=1).long().tolist()
+    return [caption // num_paths for caption, length in enumerate(lengths) for _ in range((length - 1) * num_rollouts)]
+
+
 def _padded_row_count(num_rows: int) -> int:
     """`num_rows` rounded up to a multiple of an eighth of its power of two: at most a quarter more rows, and, as the
     rollouts of a batch size vary in number, a few row counts, whose graphs are reused."""
@@ -554,42 +563,42 @@ class SpiderPGObjective(CaptionObjective):
         references = inputs["references"]
         num_paths = args.num_paths_per_image
 
-        # 1. M sampled captions per image and their rewards (those computed in worker processes run on while the
-        # rollouts are decoded)
+        # 1. M sampled captions per image
         samples = trainer.sample_captions(image_inputs, num_return_sequences=num_paths)
         sequences = samples.sequences  # (N, T+1)
         device = sequences.device
         sample_index = torch.arange(len(references), device=device).repeat_interleave(num_paths)  # (N,)
-        sample_rows = sample_index.tolist()
-        caption_rewards = trainer.start_rewards(samples.texts, inputs, row_index=sample_rows)  # (N,)
         token_mask = caption_token_mask(sequences, trainer.eos_token_id)  # (N, T)
+        rollout_rows = _rollout_rows(token_mask, args.num_rollouts, num_paths)
 
-        # 2. K rollouts from every non-final prefix, decoded together; Q from their rewards (those computed in worker
-        # processes run on while the forward pass of 3 is launched)
+        # 2. K rollouts from every non-final prefix, decoded together (on a GPU, a graph the device may still be
+        # running: their texts are copied to the host behind it)
         rollouts = sample_rollouts(
             policy, image_inputs, sequences, token_mask, args.num_rollouts, args.max_caption_length,
             trainer.eos_token_id, self.pad_token_id, image_index=sample_index, temperature=args.temperature,
             top_k=args.top_k, top_p=args.top_p,
         )  # fmt: skip
-        rollout_rewards = Pending.done(np.zeros(0))
-        if rollouts.caption_index.numel():
-            rollout_texts = [text.strip() for text in trainer.processing_class.batch_decode(
-                rollouts.sequences, skip_special_tokens=True
-            )]  # fmt: skip
-            rollout_rows = sample_index[rollouts.caption_index].tolist()
-            rollout_rewards = trainer.start_rewards(
-                rollout_texts, inputs, row_index=rollout_rows, log_prefix="rollout"
-            )
+        rollout_captions = GeneratedCaptions(rollouts.sequences, trainer.processing_class)
 
         # 3. log π(g_t | s_t) from one forward pass with gradient (through the wrapped model), B_phi(s_t) from its
         # hidden states (through the wrapped baseline); while the baseline is pretrained, the policy is fixed
-        # in evaluation mode, as the captions and rollouts were sampled: the gradient is that of the sampling policy
+        # in evaluation mode, as the captions and rollouts were sampled: the gradient is that of the sampling policy.
+        # Queued before the rollouts' texts are read, which waits for the rollouts.
         pretraining_baseline = self.current_phase().name == "baseline_pretraining"
         with evaluation_mode(model), torch.no_grad() if pretraining_baseline else nullcontext():
             outputs = (policy if pretraining_baseline else model)(
                 **image_inputs, input_ids=sequences, image_index=sample_index, use_cache=False,
                 output_hidden_states=True,
             )  # fmt: skip
+
+        # 4. the rewards of the captions and of their rollouts, Q from these
+        sample_rows = [row for row in range(len(references)) for _ in range(num_paths)]
+        caption_rewards = trainer.start_rewards(samples.texts, inputs, row_index=sample_rows)  # (N,)
+        rollout_rewards = Pending.done(np.zeros(0))
+        if rollouts.caption_index.numel():
+            rollout_rewards = trainer.start_rewards(
+                rollout_captions.texts, inputs, row_index=rollout_rows, log_prefix="rollout"
+            )
         token_log_probs = selective_log_softmax(outputs.logits[:, :-1], sequences[:, 1:])  # (N, T)
         q_values = monte_carlo_q_values(
             token_mask,

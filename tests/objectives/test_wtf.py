@@ -450,3 +450,28 @@ def test_config_validates_the_wtf_fields(tmp_path):
         RLCaptionConfig(discriminator_learning_rate=0.0, **common)
     with pytest.raises(ValueError, match="discriminator_input='image' is not one of"):
         RLCaptionConfig(discriminator_input="image", **common)
+
+
+def test_the_ground_truth_is_drawn_among_each_images_own_references_and_a_missing_one_is_named(
+    processor, shapes, reward_clip, tmp_path
+):
+    objective = make_trainer(
+        make_show_tell(processor, IMAGE_SIZE, seed=0), processor, shapes, tmp_path, reward_clip
+    ).objective
+    captions = ["a red circle", "a blue square", "a green star", "a red star", "a small blue star", "a star"]
+    encoded = processor(text=captions, return_tensors="pt", padding=True)
+    inputs = {
+        "caption_input_ids": encoded["input_ids"], "caption_attention_mask": encoded["attention_mask"],
+        "caption_image_index": torch.tensor([0, 2, 1, 0, 2, 2]),  # references need not come image by image
+    }  # fmt: skip
+    drawn = [set() for _ in range(3)]
+    for _ in range(60):
+        for image, text in enumerate(objective._ground_truth(inputs, 3)[2]):
+            drawn[image].add(text)
+    assert drawn == [
+        {"a red circle", "a red star"},
+        {"a green star"},
+        {"a blue square", "a small blue star", "a star"},
+    ]
+    with pytest.raises(ValueError, match="Image 3 of the batch has no tokenized reference"):
+        objective._ground_truth(inputs, 4)

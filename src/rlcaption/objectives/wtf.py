@@ -515,13 +515,16 @@ class WTFObjective(CaptionObjective):
             `(input_ids, attention_mask, texts)`: `(batch_size, T)` each, and the captions decoded from the ids.
         """
         caption_image_index = inputs["caption_image_index"]
+        # each image's references listed on the host, from one read of the device rather than one per image
+        candidates = [[] for _ in range(batch_size)]
+        for row, image in enumerate(caption_image_index.tolist()):
+            candidates[image].append(row)
         rows = []
-        for image in range(batch_size):
-            candidates = (caption_image_index == image).nonzero(as_tuple=True)[0]
-            if candidates.numel() == 0:
+        for image, references in enumerate(candidates):
+            if not references:
                 raise ValueError(f"Image {image} of the batch has no tokenized reference for the wtf objective.")
-            rows.append(candidates[int(torch.randint(candidates.numel(), ()))])
-        rows = torch.stack(rows)
+            rows.append(references[int(torch.randint(len(references), ()))])
+        rows = torch.tensor(rows, device=caption_image_index.device)
         attention_mask = inputs["caption_attention_mask"].index_select(0, rows)
         width = int(attention_mask.sum(dim=1).max())  # drop the padding only the unchosen references needed
         input_ids = inputs["caption_input_ids"].index_select(0, rows)[:, :width]

@@ -93,8 +93,9 @@ def sample_and_start_rewards(
     trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int
 ) -> tuple[GeneratedCaptions, torch.LongTensor, Pending[np.ndarray]]:
     """
-    [`sample_captions_to_score`] (without the greedy baseline), then [`start_sample_rewards`] at once: for
-    objectives whose next GPU work needs the samples' rewards, or the samples trimmed.
+    The samples of [`sample_captions_to_score`] (without the greedy baseline), trimmed after the longest, and their
+    rewards started at once ([`start_sample_rewards`]): for objectives that go on with work on the trimmed samples
+    (the actor-critic's value network) while rewards computed in worker processes run.
 
     Returns:
         `tuple`: the [`GeneratedCaptions`] (`batch_size * num_samples` rows, grouped by image, trimmed after the

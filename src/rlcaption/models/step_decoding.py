@@ -345,7 +345,8 @@ def decode_steps(
     """
     check_decodes_plainly(config)
     sequences = None
-    if _CUDA_GRAPHS["enabled"] if cuda_graphs is None else cuda_graphs:
+    device = _state_device(state)
+    if captures_graphs_on(device) if cuda_graphs is None else cuda_graphs and device.type == "cuda":
         template, state_tensors = split_state(state)
         settings = (
             "decoding", num_captions, config.do_sample, config.temperature, config.top_k, config.top_p,
@@ -355,6 +356,6 @@ def decode_steps(
         sequences = graphed_call(model, decoding, state_tensors, settings, enabled=True)
     if sequences is not None:
         return _trim_after_last_end(sequences, config.eos_token_id) if trim else sequences
-    sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=_state_device(state))
+    sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=device)
     _decode_steps(step, state, sequences, config, stops_early=True)
     return _trim_after_last_end(sequences, config.eos_token_id)

@@ -55,7 +55,7 @@ from ..models.step_decoding import (
 from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective, reward_tensor
-from .policy_gradient import policy_gradient_loss
+from .policy_gradient import policy_gradient_loss, start_sample_rewards
 
 __all__ = [
     "Rollouts",
@@ -592,8 +592,7 @@ class SpiderPGObjective(CaptionObjective):
             )  # fmt: skip
 
         # 4. the rewards of the captions and of their rollouts, Q from these
-        sample_rows = [row for row in range(len(references)) for _ in range(num_paths)]
-        caption_rewards = trainer.start_rewards(samples.texts, inputs, row_index=sample_rows)  # (N,)
+        caption_rewards = start_sample_rewards(trainer, inputs, samples, num_paths)  # (N,)
         rollout_rewards = Pending.done(np.zeros(0))
         if rollouts.caption_index.numel():
             rollout_rewards = trainer.start_rewards(

@@ -248,44 +248,33 @@ class RewardMix:
                     expanded[column] = np.take(value, image_of, axis=0)
             return expanded[column]
 
-        # A reward that scores each caption on its own is computed once per distinct (image, completion) pair: a
-        # trained policy's samples and rollouts repeat themselves (3,177 rollouts of 128 images held 464 pairs)
-        distinct_rows, inverse = _distinct_rows(image_of, flat_completions)
-        distinct_completions = [flat_completions[row] for row in distinct_rows]
-        distinct_references = None if flat_references is None else [flat_references[row] for row in distinct_rows]
-        distinct_columns = {
-            column: [values[row] for row in distinct_rows] if isinstance(values, list) else values
-            for column, values in repeated.items()
-        }
-
-        def locate_distinct(row: int) -> str:
-            return locate(int(distinct_rows[row]))
-
-        components: dict[str, Any] = {}  # each function's checked values, or those its processes are computing
-        spread = set()  # the functions computed on the distinct pairs
+        every_row = _Rows(flat_completions, flat_references, repeated, locate)
+        once_per_pair: _Rows | None = None  # the distinct (image, completion) pairs, found when a reward needs them
+        components: dict[str, Any] = {}  # each function's checked values, or a Pending of them
         for index, (name, func, named) in enumerate(zip(self.names, self.funcs, self._named_parameters, strict=True)):
-            once_per_pair = (
-                len(distinct_rows) < num_completions
-                and scores_captions_independently(func)
+            reads_arrays = bool(named & set(arrays))
+            rows = every_row
+            if (
+                scores_captions_independently(func)
                 and not is_group_reward(func)
                 and not isinstance(func, RewardMix)
-                and not named & set(arrays)
-            )
-            if once_per_pair:
-                spread.add(name)
-            if index in self._in_processes and not named & set(arrays):
-                position = self._in_processes[index]
-                components[name] = (
-                    self._processes.submit(position, distinct_completions, distinct_references, **distinct_columns)
-                    if once_per_pair
-                    else self._processes.submit(position, flat_completions, flat_references, **repeated)
+                and not reads_arrays
+            ):
+                # computed once per distinct pair: a trained policy's samples and rollouts repeat themselves (3,177
+                # rollouts of 128 images held 464 pairs)
+                once_per_pair = once_per_pair or every_row.distinct_pairs(image_of)
+                rows = once_per_pair
+            if index in self._in_processes and not reads_arrays:
+                submitted = self._processes.submit(
+                    self._in_processes[index], rows.completions, rows.references, **rows.columns
                 )
+                components[name] = Pending(lambda rows=rows, name=name, submitted=submitted: rows.checked(
+                    name, submitted.result()
+                ))  # fmt: skip
                 continue
-            if once_per_pair:
-                values = func(completions=distinct_completions, references=distinct_references, **distinct_columns)
-                components[name] = _checked_values(name, values, len(distinct_rows), locate_distinct)[inverse]
-                continue
-            if isinstance(func, RewardMix):
+            if rows is not every_row:
+                values = func(completions=rows.completions, references=rows.references, **rows.columns)
+            elif isinstance(func, RewardMix):
                 values, _ = func.score_groups(completions=completions, references=references, **image_columns)
             elif is_group_reward(func):
                 grouped = func.score_groups(completions=completions, references=references, **image_columns)
@@ -294,15 +283,12 @@ class RewardMix:
                 columns = dict(repeated)
                 columns.update({column: expand(column) for column in arrays if column in named})
                 values = func(completions=flat_completions, references=flat_references, **columns)
-            components[name] = _checked_values(name, values, num_completions, locate)
+            components[name] = rows.checked(name, values)
 
         def collect() -> tuple[np.ndarray, dict[str, np.ndarray]]:
             for name, values in components.items():
-                if isinstance(values, Pending) and name in spread:
-                    checked = _checked_values(name, values.result(), len(distinct_rows), locate_distinct)
-                    components[name] = checked[inverse]
-                elif isinstance(values, Pending):
-                    components[name] = _checked_values(name, values.result(), num_completions, locate)
+                if isinstance(values, Pending):
+                    components[name] = values.result()
             return self._weighted_total(components, num_completions), components
 
         return Pending(collect)
@@ -323,23 +309,52 @@ class RewardMix:
         return f"RewardMix({terms})"
 
 
-def _distinct_rows(image_of: np.ndarray, completions: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """The first row of every distinct (image, completion) pair, and for every row the index of its pair among
-    those; every row its own pair where a completion cannot be hashed."""
-    first_of_pair: dict[tuple[int, Any], int] = {}
-    try:
-        inverse = np.fromiter(
-            (
-                first_of_pair.setdefault(pair, len(first_of_pair))
-                for pair in zip(image_of.tolist(), completions, strict=True)
-            ),
-            dtype=np.int64,
-            count=len(completions),
+class _Rows:
+    """The rows a reward function is called with: every completion's, or one per distinct (image, completion) pair
+    with `inverse`, each completion's pair, to spread the values back to every row."""
+
+    def __init__(
+        self,
+        completions: list[Any],
+        references: list[Any] | None,
+        columns: dict[str, Any],
+        locate: Callable[[int], str],
+        inverse: np.ndarray | None = None,
+    ):
+        self.completions, self.references, self.columns, self.locate = completions, references, columns, locate
+        self.inverse = inverse
+
+    def checked(self, name: str, values: Any) -> np.ndarray:
+        """A reward's values for these rows, checked (see [`_checked_values`]), for every completion."""
+        array = _checked_values(name, values, len(self.completions), self.locate)
+        return array if self.inverse is None else array[self.inverse]
+
+    def distinct_pairs(self, image_of: np.ndarray) -> _Rows:
+        """One row per distinct (image, completion) pair, at its first row; these rows themselves where every pair
+        is distinct or a completion cannot be hashed."""
+        first_of_pair: dict[tuple[int, Any], int] = {}
+        pairs = zip(image_of.tolist(), self.completions, strict=True)
+        try:
+            inverse = np.fromiter(
+                (first_of_pair.setdefault(pair, len(first_of_pair)) for pair in pairs),
+                dtype=np.int64,
+                count=len(self.completions),
+            )
+        except TypeError:
+            return self
+        if len(first_of_pair) == len(self.completions):
+            return self
+        rows = np.unique(inverse, return_index=True)[1]
+        return _Rows(
+            [self.completions[row] for row in rows],
+            None if self.references is None else [self.references[row] for row in rows],
+            {
+                column: [values[row] for row in rows] if isinstance(values, list) else values
+                for column, values in self.columns.items()
+            },
+            lambda row: self.locate(int(rows[row])),
+            inverse,
         )
-    except TypeError:
-        rows = np.arange(len(completions))
-        return rows, rows
-    return np.unique(inverse, return_index=True)[1], inverse
 
 
 def _named_parameters(func: Any) -> frozenset[str]:

@@ -21,11 +21,10 @@ from pathlib import Path
 import datasets
 import torch
 import transformers
+from bench_reward_repeats import rollouts_of
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
-from rlcaption.decoding import caption_token_mask, generate_captions
-from rlcaption.objectives.spider_pg import sample_rollouts
 
 WARM_START = Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe"
 SPIDER_PG = WARM_START.parent / "show-tell-rl-shapes-spider-pg-cider"
@@ -85,17 +84,11 @@ def decode_each(tokenizer, ids: torch.Tensor) -> list[str]:
 
 def spider_pg_rollouts(num_images: int) -> torch.Tensor:
     """The rollouts (M = 1, K = 3, 20 tokens) of the published `spider_pg` checkpoint for shapes training images."""
-    model = ShowTellRL.from_pretrained(SPIDER_PG)
     processor = CaptionProcessor.from_pretrained(SPIDER_PG)
     with tempfile.TemporaryDirectory() as cache_dir:
         images = load_shapes(num_train=num_images, num_validation=4, num_test=4, image_size=48, cache_dir=cache_dir)
         pixel_values = processor(images=images["train"]["image"], return_tensors="pt")["pixel_values"]
-    torch.manual_seed(0)
-    inputs = {"pixel_values": pixel_values}
-    samples = generate_captions(model, processor, inputs, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=20)
-    mask = caption_token_mask(samples.sequences, model.config.eos_token_id)
-    end, pad = model.config.eos_token_id, model.config.pad_token_id
-    return sample_rollouts(model, inputs, samples.sequences, mask, 3, 20, end, pad).sequences
+    return rollouts_of(ShowTellRL.from_pretrained(SPIDER_PG), processor, pixel_values).sequences
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from bench_reward_processes import time_scoring
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
 from rlcaption.decoding import caption_token_mask, generate_captions
-from rlcaption.objectives.spider_pg import sample_rollouts
+from rlcaption.objectives.spider_pg import Rollouts, sample_rollouts
 from rlcaption.rewards import CiderReward, RewardMix
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
@@ -44,31 +44,34 @@ class EveryRow:
         return self.reward(**inputs)
 
 
-def step_captions(checkpoint: str, pixel_values: torch.Tensor, rollouts: bool) -> tuple[list[list[str]], int]:
-    """Per image: its 5 samples and its greedy caption, or (`rollouts`) the rollouts of one sample's prefixes."""
-    model, processor = (
-        ShowTellRL.from_pretrained(CHECKPOINTS / checkpoint),
-        CaptionProcessor.from_pretrained(CHECKPOINTS / checkpoint),
-    )
+def rollouts_of(model: ShowTellRL, processor: CaptionProcessor, pixel_values: torch.Tensor) -> Rollouts:
+    """One caption sampled per image (pure sampling, 20 tokens, seed 0) and its rollouts (K = 3)."""
     torch.manual_seed(0)
-    sampling = dict(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=20)
+    inputs = {"pixel_values": pixel_values}
+    sample = generate_captions(model, processor, inputs, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=20)
+    mask = caption_token_mask(sample.sequences, model.config.eos_token_id)
+    end, pad = model.config.eos_token_id, model.config.pad_token_id
+    return sample_rollouts(model, inputs, sample.sequences, mask, 3, 20, end, pad)
+
+
+def step_captions(checkpoint: str, pixel_values: torch.Tensor, rollouts: bool) -> list[list[str]]:
+    """Per image: its 5 samples and its greedy caption, or (`rollouts`) the rollouts of one sample's prefixes."""
+    model = ShowTellRL.from_pretrained(CHECKPOINTS / checkpoint)
+    processor = CaptionProcessor.from_pretrained(CHECKPOINTS / checkpoint)
     num_images = len(pixel_values)
     if not rollouts:
+        torch.manual_seed(0)
         inputs = {"pixel_values": pixel_values}
+        sampling = dict(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=20)
         samples = generate_captions(model, processor, inputs, num_return_sequences=5, **sampling)
         greedy = generate_captions(model, processor, inputs, do_sample=False, max_new_tokens=20)
-        return [samples.texts[5 * image : 5 * image + 5] + [greedy.texts[image]] for image in range(num_images)], 6
-    sample = generate_captions(model, processor, {"pixel_values": pixel_values}, **sampling)
-    mask = caption_token_mask(sample.sequences, model.config.eos_token_id)
-    found = sample_rollouts(
-        model, {"pixel_values": pixel_values}, sample.sequences, mask, 3, 20, model.config.eos_token_id,
-        model.config.pad_token_id,
-    )  # fmt: skip
+        return [samples.texts[5 * image : 5 * image + 5] + [greedy.texts[image]] for image in range(num_images)]
+    found = rollouts_of(model, processor, pixel_values)
     texts = [text.strip() for text in processor.batch_decode(found.sequences, skip_special_tokens=True)]
     groups = [[] for _ in range(num_images)]
     for image, text in zip(found.caption_index.tolist(), texts, strict=True):
         groups[image].append(text)
-    return groups, len(texts)
+    return groups
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| captions | rows | distinct pairs | every row ms | once per pair ms | speed-up | same rewards |")
     print("|---|---|---|---|---|---|---|")
     for name, (checkpoint, rollouts) in steps.items():
-        completions, _ = step_captions(checkpoint, pixel_values, rollouts)
+        completions = step_captions(checkpoint, pixel_values, rollouts)
         rows = sum(len(group) for group in completions)
         pairs = sum(len(set(group)) for group in completions)
         every_ms, every_total = time_scoring(every_row, completions, references, image_ids, args.repeats)

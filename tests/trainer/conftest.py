@@ -1,21 +1,11 @@
 import pytest
+from tiny_training import IMAGE_SIZE, make_tiny_model
 
 from rlcaption.data import load_shapes
 from rlcaption.models import VisualSemanticEmbedding
 from rlcaption.processing import CaptionProcessor
 from tiny_captioners import make_show_tell
 from tiny_clips import save_reward_clip
-
-IMAGE_SIZE = 48  # small, and divisible by the 16x reduction of the tiny CNN
-
-
-def two_process_shapes(cache_dir: str, num_validation: int = 4):
-    """The tiny shapes splits the two-process scripts train on, and a processor over their training captions."""
-    shapes = load_shapes(
-        num_train=16, num_validation=num_validation, num_test=4, image_size=IMAGE_SIZE, seed=3, cache_dir=cache_dir
-    )
-    captions = [caption for captions in shapes["train"]["captions"] for caption in captions]
-    return shapes, CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +20,6 @@ def tiny_shapes(tmp_path_factory):
 def tiny_processor(tiny_shapes):
     captions = [caption for captions in tiny_shapes["train"]["captions"] for caption in captions]
     return CaptionProcessor.from_captions(captions, image_size=IMAGE_SIZE)
-
-
-def make_tiny_model(processor, seed: int = 0, dropout: float = 0.0):
-    return make_show_tell(processor, IMAGE_SIZE, seed=seed, dropout=dropout)
 
 
 @pytest.fixture

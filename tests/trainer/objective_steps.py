@@ -3,7 +3,7 @@ tests."""
 
 from __future__ import annotations
 
-from conftest import IMAGE_SIZE
+from tiny_training import IMAGE_SIZE
 
 from rlcaption.models import PolicyValueCaptioner, SpeakerListener
 from rlcaption.objectives.word_passing import WORD_PASSING_MODES

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import IMAGE_SIZE, make_tiny_model
+from tiny_training import IMAGE_SIZE, make_tiny_model
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from rlcaption.evaluation import caption_dataset

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_model
 from objective_steps import make_step_trainer
+from tiny_training import make_tiny_model
 from transformers import TrainerCallback
 
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import IMAGE_SIZE, make_tiny_model
 from safetensors.torch import load_file
+from tiny_training import IMAGE_SIZE, make_tiny_model
 
 from rlcaption.data import CaptionCollator
 from rlcaption.rewards import get_reward

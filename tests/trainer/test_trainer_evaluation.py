@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import IMAGE_SIZE, make_tiny_model
 from safetensors.torch import load_file
 from test_rl_trainer import logged, make_trainer
+from tiny_training import IMAGE_SIZE, make_tiny_model
 from transformers import GenerationConfig
 
 from rlcaption.data import CaptionCollator

@@ -6,7 +6,7 @@ the listener's loss trains both.
 
 import pytest
 import torch
-from conftest import IMAGE_SIZE, make_tiny_model
+from tiny_training import IMAGE_SIZE, make_tiny_model
 from torch import nn
 
 from rlcaption.decoding import forward_through, image_inputs_of

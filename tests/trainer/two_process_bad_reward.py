@@ -4,7 +4,7 @@ import math
 import sys
 
 from accelerate import PartialState
-from conftest import make_tiny_model, two_process_shapes
+from tiny_training import make_tiny_model, two_process_shapes
 
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 

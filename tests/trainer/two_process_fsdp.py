@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import critic_objective  # noqa: F401  (registers test_critic, an objective with an auxiliary network)
-from conftest import make_tiny_model, two_process_shapes
 from fsdp_on_cpu import shard_cpu_processes_with_fsdp
 from kill_at_step import KillAtStep
+from tiny_training import make_tiny_model, two_process_shapes
 from torch.distributed.tensor import DTensor
 
 from rlcaption.models import PolicyValueCaptioner, SpeakerListener

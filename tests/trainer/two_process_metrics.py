@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import make_tiny_model, two_process_shapes
+from tiny_training import make_tiny_model, two_process_shapes
 
 from rlcaption.objectives import XEObjective, register_objective
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import make_tiny_model, two_process_shapes
 from critic_objective import GroupNovelty
 from kill_at_step import KillAtStep
+from tiny_training import make_tiny_model, two_process_shapes
 
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, last_complete_checkpoint
 

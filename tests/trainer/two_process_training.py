@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import make_tiny_model, two_process_shapes
+from tiny_training import make_tiny_model, two_process_shapes
 
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 

@@ -243,6 +243,11 @@ class RLCaptionConfig(TrainingArguments):
     ddp_find_unused_parameters: bool | None = field(
         default=True, metadata={"help": "Kept True: some parameters are unused in some steps or objectives."}
     )
+    # RLCaptionTrainer stops at a non-finite loss with an error, so there is none to leave out of the logged loss; the
+    # Trainer's filter would wait for the device at every step to look for one
+    logging_nan_inf_filter: bool = field(
+        default=False, metadata={"help": "Kept False: a non-finite loss stops training with an error."}
+    )
     # same annotation order as TrainingArguments: HfArgumentParser reads the type after NoneType in the union
     report_to: None | str | list[str] = field(
         default="none", metadata={"help": "Integrations to report to; none by default (runs offline)."}

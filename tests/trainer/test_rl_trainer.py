@@ -175,6 +175,56 @@ def test_non_finite_reward_names_the_function_and_keeps_checkpoints(tiny_model, 
     assert all(torch.isfinite(tensor).all() for tensor in state.values())
 
 
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf")])
+def test_a_non_finite_loss_stops_before_the_optimizer_step_and_keeps_checkpoints(
+    bad_value, tiny_model, tiny_processor, tiny_shapes, tmp_path
+):
+    trainer = make_trainer(
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe", max_steps=4, save_strategy="steps",
+        save_steps=1,
+    )  # fmt: skip
+    objective_loss = trainer.objective.compute_loss
+    calls = {"count": 0}
+
+    def loss_going_bad_in_the_third_step(model, inputs):
+        calls["count"] += 1
+        loss = objective_loss(model, inputs)
+        return loss * bad_value if calls["count"] == 3 else loss
+
+    trainer.objective.compute_loss = loss_going_bad_in_the_third_step
+    with pytest.raises(RuntimeError, match=f"'xe' loss is {bad_value} at step 2.*resume_from_checkpoint"):
+        trainer.train()
+    # the bad step's gradients never reached the weights: they are those of the last checkpoint, which is intact
+    saved = load_file(str(tmp_path / "out" / "checkpoint-2" / "model.safetensors"))
+    for name, tensor in trainer.model.state_dict().items():
+        if name in saved:
+            torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
+    assert not (tmp_path / "out" / "checkpoint-3").exists()
+
+
+def test_the_loss_is_checked_once_a_step_with_its_backward_pass_queued(
+    tiny_model, tiny_processor, tiny_shapes, tmp_path
+):
+    trainer = make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe", max_steps=2)
+    assert trainer.args.logging_nan_inf_filter is False  # the Trainer's own check would read the loss again
+    events = []
+    original_backward = trainer.accelerator.backward
+    trainer.accelerator.backward = lambda loss, **kwargs: (
+        events.append("backward"),
+        original_backward(loss, **kwargs),
+    )
+    original_isfinite = torch.isfinite
+
+    def isfinite(tensor):
+        events.append("check")
+        return original_isfinite(tensor)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "isfinite", isfinite)
+        trainer.train()
+    assert events == ["backward", "check"] * 2
+
+
 def test_resume_from_checkpoint_reproduces_uninterrupted_training(tiny_processor, tiny_shapes, tmp_path):
     straight = make_tiny_model(tiny_processor, seed=5)
     make_trainer(straight, tiny_processor, tiny_shapes, tmp_path / "a", objective="xe", max_steps=4).train()

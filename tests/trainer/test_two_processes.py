@@ -56,15 +56,29 @@ def test_recorded_metrics_are_averaged_over_processes(tmp_path):
         assert report["process_index"] == [0.5, 0.5]
         # a metric one process records is averaged over its values alone, and logged by both
         assert report["only_on_process_1"] == [4.0, 4.0]
+        # an undefined (NaN) value is left out of the mean, and a metric with no other value out of the log
+        assert report["undefined_on_process_0"] == [6.0, 6.0]
+        assert report["undefined_everywhere_logged"] is False
         # evaluation logs in between take no part in the gathering
         assert report["eval_logs"] == 2
 
 
 def test_a_bad_reward_on_one_process_stops_every_process_with_its_message(tmp_path):
-    result = launch_on_two_processes("two_process_bad_reward.py", str(tmp_path / "out"), str(tmp_path / "cache"))
+    result = launch_on_two_processes(
+        "two_process_bad_reward.py", str(tmp_path / "out"), str(tmp_path / "cache"), "reward"
+    )
     assert result.returncode != 0
     # both processes raise (instead of one waiting in the next all-reduce), each naming the reward and the caption
     stopped = "Training stopped on every process at step 0: process 1 failed with ValueError: Reward function"
     assert result.stderr.count(stopped) == 2, result.stderr[-4000:]
     assert "'length_unless_on_process_1' returned non-finite values [nan] at image_id" in result.stderr
     assert "completion 0 ('" in result.stderr  # the caption itself
+
+
+def test_a_non_finite_loss_on_one_process_stops_every_process_with_its_message(tmp_path):
+    result = launch_on_two_processes(
+        "two_process_bad_reward.py", str(tmp_path / "out"), str(tmp_path / "cache"), "loss"
+    )
+    assert result.returncode != 0
+    stopped = "Training stopped on every process at step 0: process 1 failed with RuntimeError: The 'scst' loss is nan"
+    assert result.stderr.count(stopped) == 2, result.stderr[-4000:]

@@ -2,9 +2,11 @@
 objectives record differ by process, and the training logs must carry their mean over processes."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
+import torch
 from tiny_training import make_tiny_model, two_process_shapes
 
 from rlcaption.objectives import XEObjective, register_objective
@@ -13,7 +15,8 @@ from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
 @register_objective
 class RankRecordingObjective(XEObjective):
-    """XE that records its process index at every step, and on process 1 only a second metric, twice per step."""
+    """XE that records its process index at every step, on process 1 only a second metric, twice per step, a metric
+    undefined (NaN) on process 0, and one undefined everywhere."""
 
     name = "test_rank_recording"
 
@@ -23,6 +26,8 @@ class RankRecordingObjective(XEObjective):
         if process_index == 1:
             self.trainer.record_metric("only_on_process_1", 3.0)
             self.trainer.record_metric("only_on_process_1", 5.0)
+        self.trainer.record_metric("undefined_on_process_0", torch.tensor(6.0 if process_index == 1 else math.nan))
+        self.trainer.record_metric("undefined_everywhere", math.nan)
         return super().compute_loss(model, inputs)
 
 
@@ -43,6 +48,10 @@ def main(output_dir: str, cache_dir: str) -> None:
         "world_size": trainer.accelerator.num_processes,
         "process_index": [entry["process_index"] for entry in history if "process_index" in entry],
         "only_on_process_1": [entry["only_on_process_1"] for entry in history if "only_on_process_1" in entry],
+        "undefined_on_process_0": [
+            entry["undefined_on_process_0"] for entry in history if "undefined_on_process_0" in entry
+        ],
+        "undefined_everywhere_logged": any("undefined_everywhere" in entry for entry in history),
         "eval_logs": sum("eval_CIDEr" in entry for entry in history),
     }
     Path(output_dir, f"rank{trainer.accelerator.process_index}.json").write_text(json.dumps(report))

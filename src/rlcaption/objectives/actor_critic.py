@@ -53,6 +53,7 @@ from .base import (
     CaptionObjective,
     TrainerInterface,
     TrainingPhase,
+    masked_mean_and_variance,
     register_objective,
     reward_tensor,
 )
@@ -300,16 +301,18 @@ class ActorCriticObjective(CaptionObjective):
     def _record(
         self, state_values: torch.Tensor, rewards: torch.Tensor, token_mask: torch.Tensor, value_loss: torch.Tensor
     ) -> None:
+        # tensors, read at the log: nothing here waits for the device
         record = self.trainer.record_metric
-        states = state_mask(token_mask).bool()
-        values = state_values[states]
-        targets = rewards[:, None].expand_as(state_values)[states]
-        errors = targets - values
-        advantages = (rewards[:, None] - state_values[:, :-1])[token_mask.bool()]
-        record("value_loss", float(value_loss.detach()))
-        record("value_mean", float(values.mean()))
-        record("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
-        # only where the rewards vary: the ratio of a constant reward's (rounding-level) variance is noise
-        if targets.numel() > 1 and float(targets.std()) > 1e-6:
-            record("value_explained_variance", 1.0 - float(errors.var()) / float(targets.var()))
-        record("sample_length", float(token_mask.sum(dim=1).mean()))
+        states = state_mask(token_mask)
+        targets = rewards[:, None].expand_as(state_values)
+        _, target_variance = masked_mean_and_variance(targets, states)
+        _, error_variance = masked_mean_and_variance(targets - state_values, states)
+        _, advantage_variance = masked_mean_and_variance(rewards[:, None] - state_values[:, :-1], token_mask)
+        record("value_loss", value_loss.detach())
+        record("value_mean", masked_mean_and_variance(state_values, states)[0])
+        record("advantage_std", advantage_variance.sqrt().nan_to_num(0.0))  # 0 for a single scored token
+        # only where the rewards vary: the ratio of a constant reward's (rounding-level) variance is noise; NaN (left
+        # out of the log) elsewhere
+        explained = 1.0 - error_variance / target_variance
+        record("value_explained_variance", explained.where(target_variance.sqrt() > 1e-6, torch.nan))
+        record("sample_length", token_mask.sum(dim=1).mean())

@@ -128,7 +128,7 @@ class TrainerInterface(Protocol):
 
     def record_metric(self, name: str, value: float | torch.Tensor) -> None:
         """Adds a scalar (a float, or a one-element tensor read at the log) to the next training log, averaged over
-        the steps since the last and over processes."""
+        the steps since the last and over processes; a NaN (undefined in this step) is left out of the average."""
 
     def auxiliary_network(self, name: str) -> nn.Module:
         """The objective's auxiliary network `name`, wrapped for the run (DDP, mixed precision)."""
@@ -232,3 +232,17 @@ def reward_tensor(values: np.ndarray, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def masked_mean_and_variance(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    The mean and the unbiased variance of `values` where `mask` (of the same shape) is nonzero, as 0-dim tensors for
+    [`TrainerInterface.record_metric`]. Computed with the mask as weights: selecting the values (`values[mask]`)
+    would wait for the device to learn how many there are. The mean is NaN without a value and the variance with
+    fewer than two, which the training log leaves out.
+    """
+    weights = mask.to(values.dtype)
+    count = weights.sum()
+    mean = (values * weights).sum() / count
+    variance = ((values - mean) * weights).square().sum() / (count - 1)
+    return mean, variance.where(count > 1, torch.nan)

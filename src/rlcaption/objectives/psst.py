@@ -289,14 +289,14 @@ class DiscriminabilityTerms:
             listener losses.
         similarities (`torch.FloatTensor` of shape `(batch_size, batch_size)`):
             The listener's cosine similarities of the passed captions (rows) with the images (columns).
-        soft_step_share (`float`):
+        soft_step_share (`torch.FloatTensor` of shape `()`):
             Share of the decoded steps that passed a soft vector instead of a one-hot.
     """
 
     listener_losses: torch.Tensor
     speaker_policy_loss: torch.Tensor | None
     similarities: torch.Tensor
-    soft_step_share: float
+    soft_step_share: torch.Tensor
 
     @property
     def loss(self) -> torch.Tensor:
@@ -461,7 +461,7 @@ class PSSTObjective(CaptionObjective):
                 passed.log_probs, passed.step_mask.float(), rewards - others_mean, args.loss_normalization
             )
         soft_steps = passed.soft_steps.float().sum() / passed.step_mask.sum()
-        return DiscriminabilityTerms(listener_losses, speaker_policy_loss, similarities, float(soft_steps))
+        return DiscriminabilityTerms(listener_losses, speaker_policy_loss, similarities, soft_steps)
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         if "gumbel" in self.args.psst_mode:

@@ -54,7 +54,14 @@ from ..models.step_decoding import (
 )
 from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig
-from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective, reward_tensor
+from .base import (
+    AuxiliaryNetwork,
+    CaptionObjective,
+    TrainingPhase,
+    masked_mean_and_variance,
+    register_objective,
+    reward_tensor,
+)
 from .policy_gradient import policy_gradient_loss, start_sample_rewards
 
 __all__ = [
@@ -617,18 +624,17 @@ class SpiderPGObjective(CaptionObjective):
         return policy_loss + args.baseline_loss_weight * baseline_loss
 
     def _record(self, token_mask, q_values, baseline_values, policy_loss, baseline_loss, rollouts) -> None:
+        # tensors, read at the log: nothing here waits for the device
         record = self.trainer.record_metric
-        scored = token_mask.bool()
-        q, baseline = q_values[scored], baseline_values[scored]
-        advantages = q - baseline
+        q_mean, q_variance = masked_mean_and_variance(q_values, token_mask)
+        _, advantage_variance = masked_mean_and_variance(q_values - baseline_values, token_mask)
         record("policy_loss", policy_loss.detach())
         record("baseline_loss", baseline_loss.detach())
-        record("q_mean", q.mean())
-        record("baseline_mean", baseline.mean())
-        record("advantage_std", float(advantages.std()) if advantages.numel() > 1 else 0.0)
-        # 1 − Var(Q − B) / Var(Q): how much of Q's spread the baseline explains (0 for a constant baseline)
-        q_variance = float(q.var()) if q.numel() > 1 else 0.0
-        if q_variance > 0:
-            record("baseline_explained_variance", 1.0 - float(advantages.var()) / q_variance)
+        record("q_mean", q_mean)
+        record("baseline_mean", masked_mean_and_variance(baseline_values, token_mask)[0])
+        record("advantage_std", advantage_variance.sqrt().nan_to_num(0.0))  # 0 for a single scored token
+        # 1 − Var(Q − B) / Var(Q): how much of Q's spread the baseline explains (0 for a constant baseline); undefined
+        # (NaN, left out of the log) where Q does not vary
+        record("baseline_explained_variance", (1.0 - advantage_variance / q_variance).where(q_variance > 0, torch.nan))
         record("sample_length", token_mask.sum(dim=1).mean())
         record("rollout_captions", rollouts.caption_index.numel())

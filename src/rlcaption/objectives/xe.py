@@ -51,7 +51,8 @@ def label_smoothed_cross_entropy(
         ruled_out = logits <= torch.finfo(logits.dtype).min
         uniform = -log_probs.masked_fill(ruled_out, 0.0).sum(-1) / (~ruled_out).sum(-1)
         negative_log_likelihood = (1.0 - smoothing) * negative_log_likelihood + smoothing * uniform
-    return negative_log_likelihood[scored].sum() / scored.sum()
+    # masked rather than selected (`[scored]`), which would wait for the device to count the scored tokens
+    return negative_log_likelihood.masked_fill(~scored, 0.0).sum() / scored.sum()
 
 
 @register_objective

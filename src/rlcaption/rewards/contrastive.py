@@ -122,7 +122,8 @@ def decoupled_contrastive_rewards(
             f"got {num_texts} and {num_images} (add captions, images, or mined neighbours)."
         )
     own_image = torch.as_tensor(text_image_index, dtype=torch.long, device=texts.device)
-    if own_image.shape != (num_texts,) or bool((own_image < 0).any()) or bool((own_image >= num_images).any()):
+    # one read of the device for both bounds
+    if own_image.shape != (num_texts,) or bool(((own_image < 0) | (own_image >= num_images)).any()):
         raise ValueError(
             f"text_image_index must give one image row in [0, {num_images}) per text ({num_texts}), got "
             f"{own_image.tolist()}."

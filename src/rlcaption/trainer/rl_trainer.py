@@ -595,40 +595,54 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         return self.accelerator.autocast()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        failure = None
+        failure = loss = None
         gather_parameters_in_methods(self.unwrap_model(model))  # under FSDP2: rollouts step the sharded captioner
         try:
             loss = self.objective.compute_loss(model, inputs)
-            if not torch.isfinite(loss):
-                failure = RuntimeError(
-                    f"The {self.args.objective!r} loss is {loss.item()} at step {self.state.global_step}. Checkpoints "
-                    "already written are intact: lower the learning rate or check the rewards, then resume with "
-                    "`trainer.train(resume_from_checkpoint=True)`."
-                )
         except Exception as error:  # every process must hear of it: see _stop_every_process_on
             failure = error
-        self._stop_every_process_on(failure)
+        if self.accelerator.num_processes > 1:
+            self._stop_every_process_on(failure, loss)
+        elif failure is not None:
+            raise failure
         self.record_metric("loss_" + self.args.objective, loss)
         phases = self.objective.phases()
         if len(phases) > 1:
             self.record_metric("objective_phase", float(phases.index(self.objective.current_phase())))
         return (loss, None) if return_outputs else loss
 
-    def _stop_every_process_on(self, failure: Exception | None) -> None:
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # On one process the loss is checked here, with the backward pass queued: reading it waits for the device,
+        # once a step, and still before the optimizer step that a non-finite loss must not reach. Several processes
+        # check it in compute_loss, where they agree on failures before the backward pass's all-reduce.
+        if self.accelerator.num_processes == 1 and not torch.isfinite(loss):
+            raise self._non_finite_loss_error(loss)
+        return loss
+
+    def _non_finite_loss_error(self, loss: torch.Tensor) -> RuntimeError:
+        return RuntimeError(
+            f"The {self.args.objective!r} loss is {loss.item()} at step {self.state.global_step}. Checkpoints already "
+            "written are intact: lower the learning rate or check the rewards, then resume with "
+            "`trainer.train(resume_from_checkpoint=True)`."
+        )
+
+    def _stop_every_process_on(self, failure: Exception | None, loss: torch.Tensor | None) -> None:
         """
-        Raises `failure` here and one error naming it on every other process.
+        Raises `failure`, or the error of a non-finite `loss`, here and one error naming it on every other process.
 
         A process that raised alone would leave the others waiting in the next all-reduce until the collective
         timeout (30 minutes with NCCL); so every step, the processes agree on whether one of them failed (one
-        all-reduced flag), and all stop with the failing process's message (its reward, image and caption).
+        all-reduced flag, which also says whether the loss is finite: one wait for the device), and all stop with
+        the failing process's message (its reward, image and caption, or its loss).
         """
-        if self.accelerator.num_processes == 1:
-            if failure is not None:
-                raise failure
-            return
         failed = torch.tensor([float(failure is not None)], device=self.accelerator.device)
+        if failure is None:
+            failed += (~torch.isfinite(loss.detach())).float().to(failed.device)
         if self.accelerator.reduce(failed, reduction="sum").item() == 0:
             return
+        if failure is None and not torch.isfinite(loss):
+            failure = self._non_finite_loss_error(loss)
         messages = gather_object([None if failure is None else f"{type(failure).__name__}: {failure}"])
         process, message = next((rank, text) for rank, text in enumerate(messages) if text is not None)
         raise RuntimeError(
@@ -640,7 +654,8 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         """
         Adds a scalar to be averaged into the next training log, over its values on every process. A 0-dim tensor is
         kept as it is and read at the log, all of them in one transfer: reading each in the step would wait for the
-        device every time.
+        device every time. A NaN says the metric is undefined in this step (a ratio of variances where nothing
+        varied): it is left out of the average, and a metric with no other value is left out of the log.
         """
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
@@ -662,7 +677,11 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
     def _gathered_recorded_metrics(self) -> dict[str, float]:
         """The mean of every recorded metric over all its values on all processes; collective: every process calls
         it at the same log. A metric some processes did not record is averaged over the values of the others."""
-        local = {name: (float(np.sum(values)), len(values)) for name, values in _on_the_host(self._recorded_metrics)}
+        # NaN: undefined in its step (a variance ratio of constant values): left out, as is a metric never defined
+        local = {
+            name: (float(np.nansum(values)), int(np.count_nonzero(~np.isnan(values))))
+            for name, values in _on_the_host(self._recorded_metrics)
+        }
         self._recorded_metrics.clear()
         parts = gather_object([local]) if self.accelerator.num_processes > 1 else [local]
         totals: dict[str, list[float]] = {}
@@ -671,7 +690,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
                 total = totals.setdefault(name, [0.0, 0])
                 total[0] += value_sum
                 total[1] += count
-        return {name: value_sum / count for name, (value_sum, count) in totals.items()}
+        return {name: value_sum / count for name, (value_sum, count) in totals.items() if count}
 
     def _log_completions(self) -> None:
         """Prints the kept sampled captions with their rewards as a table, and logs it to Weights & Biases when it

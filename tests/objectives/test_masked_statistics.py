@@ -1,0 +1,31 @@
+"""The masked mean and variance that objectives log without waiting for the device."""
+
+import math
+
+import pytest
+import torch
+
+from rlcaption.objectives.base import masked_mean_and_variance
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_masked_statistics_equal_those_of_the_selected_values(dtype):
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(6, 9, generator=generator, dtype=dtype) * 3 + 1
+    mask = torch.rand(6, 9, generator=generator) < 0.6
+    mean, variance = masked_mean_and_variance(values, mask)
+    torch.testing.assert_close(mean, values[mask].mean())
+    torch.testing.assert_close(variance, values[mask].var())  # unbiased, as torch's default
+    # a float mask (a caption token mask) gives the same
+    torch.testing.assert_close(masked_mean_and_variance(values, mask.float())[1], variance)
+
+
+def test_a_masked_variance_by_hand_and_the_undefined_cases():
+    values = torch.tensor([[1.0, 5.0, 100.0], [3.0, -7.0, 2.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    mean, variance = masked_mean_and_variance(values, mask)
+    assert mean.item() == pytest.approx(3.0)  # (1 + 5 + 3) / 3
+    assert variance.item() == pytest.approx(((1 - 3) ** 2 + (5 - 3) ** 2 + 0) / 2)
+    one_value = masked_mean_and_variance(values, torch.tensor([[0, 0, 1], [0, 0, 0]]))
+    assert one_value[0].item() == 100.0 and math.isnan(one_value[1].item())
+    assert all(math.isnan(statistic.item()) for statistic in masked_mean_and_variance(values, torch.zeros(2, 3)))

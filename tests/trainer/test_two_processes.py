@@ -63,22 +63,18 @@ def test_recorded_metrics_are_averaged_over_processes(tmp_path):
         assert report["eval_logs"] == 2
 
 
-def test_a_bad_reward_on_one_process_stops_every_process_with_its_message(tmp_path):
+@pytest.mark.parametrize(
+    ("what_goes_bad", "error"),
+    [("reward", "ValueError: Reward function"), ("loss", "RuntimeError: The 'scst' loss is nan")],
+)
+def test_a_failure_on_one_process_stops_every_process_with_its_message(what_goes_bad, error, tmp_path):
     result = launch_on_two_processes(
-        "two_process_bad_reward.py", str(tmp_path / "out"), str(tmp_path / "cache"), "reward"
+        "two_process_bad_reward.py", str(tmp_path / "out"), str(tmp_path / "cache"), what_goes_bad
     )
     assert result.returncode != 0
-    # both processes raise (instead of one waiting in the next all-reduce), each naming the reward and the caption
-    stopped = "Training stopped on every process at step 0: process 1 failed with ValueError: Reward function"
+    # both processes raise (instead of one waiting in the next all-reduce), each with process 1's message
+    stopped = f"Training stopped on every process at step 0: process 1 failed with {error}"
     assert result.stderr.count(stopped) == 2, result.stderr[-4000:]
-    assert "'length_unless_on_process_1' returned non-finite values [nan] at image_id" in result.stderr
-    assert "completion 0 ('" in result.stderr  # the caption itself
-
-
-def test_a_non_finite_loss_on_one_process_stops_every_process_with_its_message(tmp_path):
-    result = launch_on_two_processes(
-        "two_process_bad_reward.py", str(tmp_path / "out"), str(tmp_path / "cache"), "loss"
-    )
-    assert result.returncode != 0
-    stopped = "Training stopped on every process at step 0: process 1 failed with RuntimeError: The 'scst' loss is nan"
-    assert result.stderr.count(stopped) == 2, result.stderr[-4000:]
+    if what_goes_bad == "reward":  # the message names the reward and the caption
+        assert "'length_unless_on_process_1' returned non-finite values [nan] at image_id" in result.stderr
+        assert "completion 0 ('" in result.stderr

@@ -1,5 +1,7 @@
 """Reward inputs: plain and conversational completions, per-row key columns, validation messages."""
 
+from collections import UserList
+
 import numpy as np
 import pytest
 import torch
@@ -27,6 +29,9 @@ def test_row_keys_errors():
         row_keys([1, 2, 3], 2)
     with pytest.raises(ValueError, match="not hashable"):
         row_keys([[1], [2]], 2)
+    with pytest.raises(ValueError, match="value \\{1\\} of row 1 is not hashable"):
+        row_keys([7, {1}], 2)
+    assert row_keys([(1, 2), "a"], 2) == [(1, 2), "a"]  # any hashable key, not only ints and strings
 
 
 def test_check_reward_inputs_names_the_image():
@@ -34,6 +39,11 @@ def test_check_reward_inputs_names_the_image():
         check_reward_inputs(["x", "y"], [["r"], []], ["a", "b"])
     with pytest.raises(ValueError, match="row 0 are str"):
         check_reward_inputs(["x"], ["a single reference"])
+    with pytest.raises(ValueError, match="References of image_id 7 are set"):
+        check_reward_inputs(["x"], [{"a reference"}], [7])
+    # any sequence of references, not only lists and tuples
+    references = [("r",), UserList(["s"])]
+    assert check_reward_inputs(["x", "y"], references)[1] == references
     for name in ("cider", "bleu"):
         with pytest.raises(ValueError, match="string"):
             get_reward(name)(completions=["x"], references=[["r", None]])

@@ -533,6 +533,22 @@ def test_rouge_l_is_one_name_for_the_reward_and_the_metric(tiny_model, tiny_proc
         get_reward("rouge")
 
 
+def test_rewards_get_the_image_columns_of_their_rows_and_the_batch_images_uncopied_for_all_in_order():
+    pixels = torch.arange(3 * 2, dtype=torch.float32).view(3, 2)
+    inputs = {
+        "references": [["a"], ["b"], ["c"]], "image_id": [10, 11, 12], "pixel_values": pixels,
+        "caption_input_ids": torch.zeros(5, 4), "scalar": torch.tensor(1.0),
+    }  # fmt: skip
+    in_order = RLCaptionTrainer._image_columns(inputs, [0, 1, 2])
+    assert set(in_order) == {"image_id", "pixel_values"}
+    assert in_order["pixel_values"] is pixels and in_order["image_id"] == [10, 11, 12]
+    in_order["image_id"].append(13)  # a reward's own list: the batch's is untouched
+    assert inputs["image_id"] == [10, 11, 12]
+    chosen = RLCaptionTrainer._image_columns(inputs, [2, 0])
+    assert chosen["image_id"] == [12, 10]
+    torch.testing.assert_close(chosen["pixel_values"], pixels[[2, 0]])
+
+
 def test_recorded_tensors_are_read_at_the_log_and_averaged_with_floats(
     tiny_model, tiny_processor, tiny_shapes, tmp_path
 ):

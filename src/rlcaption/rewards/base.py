@@ -184,9 +184,14 @@ def row_keys(values: Any, batch_size: int, column: str = "image_id") -> list[Has
             f"Column {column!r} has {len(values)} values for {batch_size} completions; pass one value per completion."
         )
     for row, value in enumerate(values):
-        if not isinstance(value, Hashable):
+        # ids are ints or strings: they pass without the slower abstract type check
+        if type(value) not in (int, str) and not isinstance(value, Hashable):
             raise ValueError(f"Column {column!r} value {value!r} of row {row} is not hashable; use ids or strings.")
     return values
+
+
+def _row_name(row: int, image_ids: Sequence[Hashable] | None) -> str:
+    return f"image_id {image_ids[row]!r}" if image_ids is not None else f"row {row}"
 
 
 def check_reward_inputs(
@@ -210,14 +215,20 @@ def check_reward_inputs(
         )
     reference_lists = []
     for row, image_references in enumerate(references):
-        where = f"image_id {image_ids[row]!r}" if image_ids is not None else f"row {row}"
-        if isinstance(image_references, str) or not isinstance(image_references, Sequence):
+        # lists and tuples, the usual case, pass without the slower abstract type check; the row is named only for
+        # an error
+        if type(image_references) not in (list, tuple) and (
+            isinstance(image_references, str) or not isinstance(image_references, Sequence)
+        ):
             raise ValueError(
-                f"References of {where} are {type(image_references).__name__} {image_references!r}; expected a list "
-                "of caption strings."
+                f"References of {_row_name(row, image_ids)} are {type(image_references).__name__} "
+                f"{image_references!r}; expected a list of caption strings."
             )
         if len(image_references) == 0:
-            raise ValueError(f"{where} has no references; every completion needs at least one reference caption.")
+            raise ValueError(
+                f"{_row_name(row, image_ids)} has no references; every completion needs at least one reference "
+                "caption."
+            )
         # whether each reference is a string is checked where it is tokenized: cached images skip that work
         reference_lists.append(image_references)
     return texts, reference_lists

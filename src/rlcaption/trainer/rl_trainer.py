@@ -430,16 +430,25 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
     @staticmethod
     def _image_columns(inputs: Mapping[str, Any], rows: Sequence[int]) -> dict[str, Any]:
-        """The batch's per-image columns (lists and tensors with one row per image), at `rows`."""
+        """The batch's per-image columns (lists and tensors with one row per image), at `rows`; the batch's own
+        columns when `rows` are all its images in order, as for every sample or greedy caption of a step (the images
+        are not copied for each reward call)."""
         batch_size = len(inputs["references"])
+        every_row_in_order = list(rows) == list(range(batch_size))
         index_tensor = None
         columns: dict[str, Any] = {}
         for name, value in inputs.items():
             if name == "references" or name.startswith("caption_"):
                 continue
-            if isinstance(value, list) and len(value) == batch_size:
+            is_column = isinstance(value, list) and len(value) == batch_size
+            is_column |= isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == batch_size
+            if not is_column:
+                continue
+            if every_row_in_order:
+                columns[name] = list(value) if isinstance(value, list) else value
+            elif isinstance(value, list):
                 columns[name] = [value[row] for row in rows]
-            elif isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == batch_size:
+            else:
                 if index_tensor is None:
                     index_tensor = torch.as_tensor(list(rows), device=value.device)
                 columns[name] = value.index_select(0, index_tensor)

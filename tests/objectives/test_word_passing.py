@@ -7,6 +7,7 @@ from torch import nn
 from rlcaption import WORD_PASSING_MODES, PassedWords, decode_with_word_passing, soft_word_embeddings
 from rlcaption.models import SpeakerListener
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig
+from rlcaption.objectives import word_passing
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB_SIZE = 30
@@ -234,6 +235,16 @@ def test_decoding_stops_once_every_caption_has_ended():
     passed = decode(tiny_speaker(eos_bias=20.0), "psst", max_length=8)
     assert passed.token_ids.shape == (4, 1)
     assert (passed.token_ids == EOS).all()
+
+
+@pytest.mark.parametrize("mode", WORD_PASSING_MODES)
+def test_asking_every_few_steps_whether_all_captions_ended_gives_the_words_of_asking_every_step(mode, monkeypatch):
+    model = tiny_speaker(eos_bias=2.5)  # captions that end at different steps, all before the budget
+    every_few_steps = decode(model, mode, max_length=16)
+    lengths = every_few_steps.step_mask.sum(dim=1)
+    assert lengths.max() < 15 and lengths.min() < lengths.max()
+    monkeypatch.setattr(word_passing, "STEPS_BETWEEN_END_CHECKS", 1)
+    assert_same_passed_words(decode(model, mode, max_length=16), every_few_steps)
 
 
 # ------------------------------------------------------------------ randomness and dropout

@@ -40,7 +40,7 @@ READS_ALLOWED = {
     "transformers/generation/utils.py:_get_logits_processor": "transformers' beam search",
     "transformers/generation/utils.py:_beam_search": "transformers' beam search",
     # the speaker's decoding for the listener passes words step by step, with gradients: no graph
-    "rlcaption/objectives/word_passing.py:decode_with_word_passing": "whether every caption has ended, every token",
+    "rlcaption/objectives/word_passing.py:decode_with_word_passing": "whether all captions ended, every few tokens",
     "rlcaption/objectives/word_passing.py:_pass_words": "F.one_hot checks the ids' range (on the CPU only)",
 }
 # what the steps of XE, SCST and SLE may read: on a GPU, where decoding replays as graphs, the loss's check and,

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.captions import soft_word_embeddings
+from ..models.step_decoding import STEPS_BETWEEN_END_CHECKS
 
 if TYPE_CHECKING:
     from ..models.show_tell_rl import ShowTellRL
@@ -116,7 +117,8 @@ def decode_with_word_passing(
             One of [`WORD_PASSING_MODES`] (see the module documentation).
         max_length (`int`, *optional*):
             Maximum caption length with `<bos>` included, as in `generate`: at most `max_length - 1` steps. Defaults
-            to `config.max_caption_length + 1`. Decoding stops earlier once every caption has ended.
+            to `config.max_caption_length + 1`. Decoding stops earlier once every caption has ended (asked every
+            few steps; the steps decoded past the last end are left out, but they draw from `generator`).
         rho (`float`, *optional*, defaults to 0.25):
             Probability of passing the full vector at a step, in `[0, 1]` (PSST modes only).
         gumbel_temperature (`float`, *optional*, defaults to 1.0):
@@ -150,7 +152,7 @@ def decode_with_word_passing(
     inputs = model.word_embeddings(torch.full((batch_size,), config.bos_token_id, device=device))  # (B, W)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
     steps = []
-    for _ in range(max_length - 1):
+    for step in range(max_length - 1):
         top_hidden, state = model._step_state(inputs, state)
         # dividing the lowest finite score of <pad>/<bos> by a temperature below 1 gives -inf: reset it, so that the
         # probabilities and the Gumbel scores stay finite and a gradient through the softmax never becomes NaN
@@ -173,15 +175,18 @@ def decode_with_word_passing(
             )
         )
         finished = finished | (token_ids == config.eos_token_id)
-        if bool(finished.all()):
+        # asked every few steps: each answer waits for the device; the steps run past the last end are cut below
+        if step % STEPS_BETWEEN_END_CHECKS == 0 and bool(finished.all()):
             break
         # the speaker reads what it passed, so the listener's gradient reaches the earlier steps too
         if mode == "reinforce":
             inputs = model.word_embeddings(token_ids)
         else:
             inputs = soft_word_embeddings(words, model.word_embeddings)
+    # up to the longest caption's end, as if every step had asked (one wait for the device)
+    num_steps = int(torch.stack([column[3] for column in steps]).sum(dim=0).max())
     words, probabilities, token_ids, alive, log_probs, soft = (
-        torch.stack(column, dim=1) for column in zip(*steps, strict=True)
+        torch.stack(column[:num_steps], dim=1) for column in zip(*steps, strict=True)
     )
     return PassedWords(
         words=words,

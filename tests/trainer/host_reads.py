@@ -1,8 +1,10 @@
 """Watches where a computation reads tensor values on the host: on a GPU, each such read waits for the device to
 finish all the work queued before it, so the host stops queueing ahead. On the CPU nothing waits, but the same
-operators run, so a test here sees the places that would wait on a GPU. Not seen: copies to the host (`.cpu()`,
-`.tolist()`, `.numpy()`), which on the CPU run no operator; and reads of tensors that stay on the host anyway (a
-CPU generator's draws), which a GPU would not wait for either."""
+operators run, so a test here sees the places that would wait on a GPU. Not seen: copies between host and device
+(`.cpu()`, `.tolist()`, `.numpy()`; and `torch.tensor(values, device=...)`, which on a GPU waits too unless the values
+come from pinned memory without blocking, as `rlcaption.objectives.base.reward_tensor` copies them), since on the CPU
+they run no operator; and reads of tensors that stay on the host anyway (a CPU generator's draws), which a GPU would
+not wait for either."""
 
 from __future__ import annotations
 

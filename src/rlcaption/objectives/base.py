@@ -224,9 +224,10 @@ def get_objective_class(name: str) -> type[CaptionObjective]:
 
 def reward_tensor(values: np.ndarray, device: torch.device) -> torch.Tensor:
     """
-    Rewards (or advantages) as a float32 tensor on `device`. On a GPU they are copied from pinned memory without
-    waiting: a copy from ordinary host memory first waits for every kernel queued before it, and objectives collect
-    their rewards just after launching the forward pass that scores the samples.
+    Rewards, advantages or other values computed on the host (SLE's distances between samples), as a float32 tensor
+    on `device`. On a GPU they are copied from pinned memory without waiting: a copy from ordinary host memory first
+    waits for every kernel queued before it, and objectives collect their rewards just after launching the forward
+    pass that scores the samples.
     """
     tensor = torch.as_tensor(np.asarray(values, dtype=np.float32))
     if device.type != "cuda":

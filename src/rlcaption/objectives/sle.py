@@ -196,7 +196,7 @@ class SLEObjective(CaptionObjective):
         )  # (B, s, s)
 
         # 3. the surrogate loss
-        distances_tensor = torch.as_tensor(distances, dtype=torch.float32, device=device)
+        distances_tensor = reward_tensor(distances, device)  # copied without waiting for the scoring pass
         rewards = pending_rewards.result()  # (B*s,)
         rewards_tensor = reward_tensor(rewards, device)
         greedy_tensor = reward_tensor(pending_greedy.result(), device)  # (B,)

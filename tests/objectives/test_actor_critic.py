@@ -4,6 +4,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from test_policy_gradient import samples_padded_to_the_token_budget
 from transformers import TrainerCallback
 
 from rlcaption.decoding import caption_token_mask
@@ -267,3 +268,60 @@ def test_actor_critic_refuses_a_captioner_without_a_value_network(processor, sha
 def test_config_rejects_bad_actor_critic_fields(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
         RLCaptionConfig(output_dir=str(tmp_path), use_cpu=True, objective="actor_critic", **fields)
+
+
+# ---------------------------------------------------------------- the step's order on a GPU
+
+
+def actor_critic_loss_and_gradients(processor, shapes, output_dir, **fields):
+    """The loss of the first batch (of the phase of step 0), with seeded sampling, and the gradients of the policy
+    and of the value network."""
+    policy = make_show_tell(processor, IMAGE_SIZE, seed=0)
+    with torch.no_grad():  # captions that end early, so that the padding is real
+        policy.lm_head.bias[processor.tokenizer.eos_token_id] += 3.0
+    model = PolicyValueCaptioner.from_policy(
+        policy, value_word_embedding_size=16, value_hidden_size=16, value_mlp_hidden_size=16
+    )
+    trainer = make_trainer(processor, shapes, output_dir, model=model, **fields)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    torch.manual_seed(0)
+    loss = trainer.objective.compute_loss(trainer.model, batch)
+    loss.backward()
+    parameters = [*trainer.model.named_parameters(), *trainer.objective.value_network.named_parameters()]
+    return loss.detach(), {name: parameter.grad for name, parameter in parameters if parameter.grad is not None}
+
+
+@pytest.mark.parametrize("value_pretraining_steps", [1, 0], ids=["value-pretraining", "joint"])
+def test_samples_padded_to_the_token_budget_give_the_same_loss_and_gradients(
+    processor, shapes, tmp_path, monkeypatch, value_pretraining_steps
+):
+    # a GPU's decoding graph returns the samples max_caption_length + 1 wide, without waiting to trim them
+    loss, gradients = actor_critic_loss_and_gradients(
+        processor, shapes, tmp_path / "trimmed", value_pretraining_steps=value_pretraining_steps
+    )
+    widths = samples_padded_to_the_token_budget(RLCaptionTrainer, monkeypatch)
+    padded_loss, padded_gradients = actor_critic_loss_and_gradients(
+        processor, shapes, tmp_path / "padded", value_pretraining_steps=value_pretraining_steps
+    )
+    assert widths and all(trimmed < padded == MAX_LENGTH + 1 for trimmed, padded in widths)
+    assert padded_loss.item() == pytest.approx(loss.item(), rel=1e-6)
+    assert padded_gradients.keys() == gradients.keys() and gradients
+    for name, gradient in gradients.items():
+        assert torch.allclose(padded_gradients[name], gradient, rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.parametrize("value_pretraining_steps", [1, 0], ids=["value-pretraining", "joint"])
+def test_the_value_and_policy_passes_are_queued_before_the_samples_texts_are_read(
+    processor, shapes, tmp_path, monkeypatch, value_pretraining_steps
+):
+    # on a GPU the host then queues them while the device still samples, and computes the rewards while it runs them
+    events = []
+    batch_decode = processor.batch_decode
+    monkeypatch.setattr(processor, "batch_decode", lambda *a, **k: events.append("texts") or batch_decode(*a, **k))
+    trainer = make_trainer(processor, shapes, tmp_path, value_pretraining_steps=value_pretraining_steps)
+    trainer.objective.value_network.register_forward_pre_hook(lambda *_: events.append("value"))
+    trainer.model.register_forward_pre_hook(lambda *_: events.append("policy") if torch.is_grad_enabled() else None)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert torch.isfinite(trainer.objective.compute_loss(trainer.model, batch))
+    scored = ["value"] if value_pretraining_steps else ["value", "policy"]
+    assert events == [*scored, "texts"]

@@ -197,7 +197,7 @@ def samples_padded_to_the_token_budget(trainer_class, monkeypatch):
 
     def padded(captions, trainer):
         budget = trainer.args.max_caption_length + 1
-        pad = trainer.model.config.pad_token_id
+        pad = trainer.processing_class.tokenizer.pad_token_id
         sequences = nn.functional.pad(captions.sequences, (0, budget - captions.sequences.shape[1]), value=pad)
         widths.append((captions.sequences.shape[1], sequences.shape[1]))
         return decoding.GeneratedCaptions(sequences, trainer.processing_class)

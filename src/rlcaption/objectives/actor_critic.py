@@ -57,7 +57,7 @@ from .base import (
     register_objective,
     reward_tensor,
 )
-from .policy_gradient import policy_gradient_loss, sample_and_start_rewards
+from .policy_gradient import policy_gradient_loss, sample_captions_to_score, start_sample_rewards
 
 __all__ = [
     "ActorCriticConfig",
@@ -270,27 +270,35 @@ class ActorCriticObjective(CaptionObjective):
         args, trainer = self.args, self.trainer
         image_inputs = image_inputs_of(inputs)
 
-        # 1. captions sampled from the current policy (evaluation mode) and their rewards R (those in worker processes
-        # run on while the value network's pass is launched)
-        samples, sample_index, pending_rewards = sample_and_start_rewards(trainer, inputs, args.num_samples_per_image)
+        # 1. captions sampled from the current policy (evaluation mode); on a GPU the device may still be sampling when
+        # this returns, the samples `max_caption_length + 1` wide
+        num_samples = args.num_samples_per_image
+        samples, sample_index, _ = sample_captions_to_score(trainer, inputs, num_samples)
         sequences = samples.sequences  # (N, T + 1)
         token_mask = caption_token_mask(sequences, trainer.eos_token_id)  # (N, T)
+        value_pretraining = self.current_phase().name == "value_pretraining"
 
-        # 2. v(s_t) at every prefix, through the wrapped value network (its gradients are synchronised)
+        # 2. the passes that need the samples' token ids only, queued before their texts are read for the rewards
+        # (which waits for the samples): v(s_t) at every prefix, through the wrapped value network (its gradients are
+        # synchronised); and, unless the value network is pretrained with the policy fixed, log p_π(a_t | s_t) under
+        # the distribution that sampled the captions, with gradient, through the wrapped model
         state_values = trainer.auxiliary_network("value")(
             sequences, **image_inputs, image_index=sample_index
         ).float()  # (N, T + 1)
-        rewards = reward_tensor(pending_rewards.result(), sequences.device)  # (N,)
+        if not value_pretraining:
+            token_log_probs = sample_token_log_probs(
+                model, image_inputs, sequences, image_index=sample_index
+            )  # (N, T)
 
-        # 3. while the value network is pretrained the policy is fixed: it is not even scored
-        if self.current_phase().name == "value_pretraining":
+        # 3. the rewards R, computed on the host while the device runs those passes
+        pending_rewards = start_sample_rewards(trainer, inputs, samples, num_samples)
+        rewards = reward_tensor(pending_rewards.result(), sequences.device)  # (N,)
+        if value_pretraining:
             value_loss = value_regression_loss(state_values, rewards, token_mask)
             self._record(state_values.detach(), rewards, token_mask, value_loss)
             return value_loss
 
-        # 4. log p_π(a_t | s_t) under the distribution that sampled the captions, with gradient, through the wrapped
-        # model
-        token_log_probs = sample_token_log_probs(model, image_inputs, sequences, image_index=sample_index)  # (N, T)
+        # 4. the advantage R − v(s_t) weighs the policy's tokens; the value network regresses R
         policy_loss, value_loss = actor_critic_losses(
             token_log_probs, state_values, rewards, token_mask, args.loss_normalization
         )

@@ -16,7 +16,6 @@ from .base import TrainerInterface
 
 __all__ = [
     "policy_gradient_loss",
-    "sample_and_start_rewards",
     "sample_captions_to_score",
     "start_greedy_rewards",
     "start_sample_rewards",
@@ -87,25 +86,6 @@ def start_greedy_rewards(
     return trainer.start_rewards(
         greedy.texts, inputs, row_index=list(range(len(inputs["references"]))), log_prefix="greedy"
     )
-
-
-def sample_and_start_rewards(
-    trainer: TrainerInterface, inputs: dict[str, Any], num_samples: int
-) -> tuple[GeneratedCaptions, torch.LongTensor, Pending[np.ndarray]]:
-    """
-    The samples of [`sample_captions_to_score`] (without the greedy baseline), trimmed after the longest, and their
-    rewards started at once ([`start_sample_rewards`]): for objectives that go on with work on the trimmed samples
-    (the actor-critic's value network) while rewards computed in worker processes run.
-
-    Returns:
-        `tuple`: the [`GeneratedCaptions`] (`batch_size * num_samples` rows, grouped by image, trimmed after the
-        longest), the batch row of each caption's image (`torch.LongTensor` of shape `(batch_size * num_samples,)`)
-        and their rewards ([`Pending`] `np.ndarray` of the same shape: those computed in worker processes run on
-        until `result()`).
-    """
-    samples = trainer.sample_captions(image_inputs_of(inputs), num_return_sequences=num_samples)
-    sample_index = _sample_index(inputs, samples, num_samples)
-    return samples, sample_index, start_sample_rewards(trainer, inputs, samples, num_samples)
 
 
 def _sample_index(inputs: dict[str, Any], samples: GeneratedCaptions, num_samples: int) -> torch.LongTensor:

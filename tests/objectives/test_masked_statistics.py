@@ -29,3 +29,16 @@ def test_a_masked_variance_by_hand_and_the_undefined_cases():
     one_value = masked_mean_and_variance(values, torch.tensor([[0, 0, 1], [0, 0, 0]]))
     assert one_value[0].item() == 100.0 and math.isnan(one_value[1].item())
     assert all(math.isnan(statistic.item()) for statistic in masked_mean_and_variance(values, torch.zeros(2, 3)))
+
+
+def test_values_left_out_by_the_mask_may_be_anything_and_low_precision_values_are_summed_in_float32():
+    values = torch.tensor([[1.0, float("inf")], [3.0, float("nan")]])
+    mask = torch.tensor([[1, 0], [1, 0]])
+    mean, variance = masked_mean_and_variance(values, mask)
+    assert mean.item() == 2.0 and variance.item() == 2.0
+    generator = torch.Generator().manual_seed(1)
+    many = torch.randn(3000, generator=generator)
+    mean, variance = masked_mean_and_variance(many.bfloat16(), torch.ones(3000))
+    assert mean.dtype == torch.float32
+    reference = many.bfloat16().float()
+    torch.testing.assert_close(variance, reference.var(), rtol=1e-5, atol=0)  # a bfloat16 count stops at 256

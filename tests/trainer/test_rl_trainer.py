@@ -14,6 +14,7 @@ from rlcaption.data import CaptionCollator
 from rlcaption.rewards import get_reward
 from rlcaption.rewards import processes as reward_processes_module
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, forward_through
+from rlcaption.trainer import rl_trainer as rl_trainer_module
 from rlcaption.trainer.rl_trainer import check_data_parallel
 from tiny_captioners import make_vision_encoder_decoder
 
@@ -175,13 +176,15 @@ def test_non_finite_reward_names_the_function_and_keeps_checkpoints(tiny_model, 
     assert all(torch.isfinite(tensor).all() for tensor in state.values())
 
 
-@pytest.mark.parametrize("bad_value", [float("nan"), float("inf")])
+@pytest.mark.parametrize(
+    ("objective", "bad_value"), [("xe", float("nan")), ("xe", float("inf")), ("spider_pg", float("nan"))]
+)
 def test_a_non_finite_loss_stops_before_the_optimizer_step_and_keeps_checkpoints(
-    bad_value, tiny_model, tiny_processor, tiny_shapes, tmp_path
+    objective, bad_value, tiny_model, tiny_processor, tiny_shapes, tmp_path
 ):
     trainer = make_trainer(
-        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe", max_steps=4, save_strategy="steps",
-        save_steps=1,
+        tiny_model, tiny_processor, tiny_shapes, tmp_path, objective=objective, max_steps=4, save_strategy="steps",
+        save_steps=1, **({"num_rollouts": 1, "baseline_pretraining_steps": 0} if objective == "spider_pg" else {}),
     )  # fmt: skip
     objective_loss = trainer.objective.compute_loss
     calls = {"count": 0}
@@ -192,8 +195,12 @@ def test_a_non_finite_loss_stops_before_the_optimizer_step_and_keeps_checkpoints
         return loss * bad_value if calls["count"] == 3 else loss
 
     trainer.objective.compute_loss = loss_going_bad_in_the_third_step
-    with pytest.raises(RuntimeError, match=f"'xe' loss is {bad_value} at step 2.*resume_from_checkpoint"):
+    with pytest.raises(RuntimeError, match=f"'{objective}' loss is {bad_value} at step 2.*resume_from_checkpoint"):
         trainer.train()
+    # no gradient of the bad step is left to add to those of a resumed run's first step, the auxiliary networks' too
+    networks = [trainer.model, *(network.module for network in trainer._auxiliary_networks.values())]
+    assert len(networks) == (2 if objective == "spider_pg" else 1)
+    assert all(parameter.grad is None for network in networks for parameter in network.parameters())
     # the bad step's gradients never reached the weights: they are those of the last checkpoint, which is intact
     saved = load_file(str(tmp_path / "out" / "checkpoint-2" / "model.safetensors"))
     for name, tensor in trainer.model.state_dict().items():
@@ -223,6 +230,24 @@ def test_the_loss_is_checked_once_a_step_with_its_backward_pass_queued(
         patch.setattr(torch, "isfinite", isfinite)
         trainer.train()
     assert events == ["backward", "check"] * 2
+
+
+def test_with_an_optimizer_stepping_in_the_backward_pass_the_loss_is_checked_before_it(
+    tiny_model, tiny_processor, tiny_shapes, tmp_path, monkeypatch
+):
+    # fused LOMO and layer-wise GaLore update the weights during the backward pass: a bad loss must not reach it
+    trainer = make_trainer(tiny_model, tiny_processor, tiny_shapes, tmp_path, objective="xe", max_steps=2)
+    monkeypatch.setattr(rl_trainer_module, "_OPTIMIZERS_STEPPING_IN_BACKWARD", {trainer.args.optim})
+    objective_loss = trainer.objective.compute_loss
+    trainer.objective.compute_loss = lambda model, inputs: objective_loss(model, inputs) * float("nan")
+    backward_calls = []
+    original_backward = trainer.accelerator.backward
+    trainer.accelerator.backward = lambda loss, **kwargs: backward_calls.append(1) or original_backward(loss, **kwargs)
+    before = {name: parameter.detach().clone() for name, parameter in trainer.model.named_parameters()}
+    with pytest.raises(RuntimeError, match="'xe' loss is nan at step 0"):
+        trainer.train()
+    assert backward_calls == []
+    assert all(torch.equal(parameter, before[name]) for name, parameter in trainer.model.named_parameters())
 
 
 def test_resume_from_checkpoint_reproduces_uninterrupted_training(tiny_processor, tiny_shapes, tmp_path):

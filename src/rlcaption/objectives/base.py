@@ -238,12 +238,14 @@ def reward_tensor(values: np.ndarray, device: torch.device) -> torch.Tensor:
 def masked_mean_and_variance(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     The mean and the unbiased variance of `values` where `mask` (of the same shape) is nonzero, as 0-dim tensors for
-    [`TrainerInterface.record_metric`]. Computed with the mask as weights: selecting the values (`values[mask]`)
-    would wait for the device to learn how many there are. The mean is NaN without a value and the variance with
-    fewer than two, which the training log leaves out.
+    [`TrainerInterface.record_metric`], in at least float32. Computed over the values with the others set to 0:
+    selecting the values (`values[mask]`) would wait for the device to learn how many there are. The mean is NaN
+    without a value and the variance with fewer than two, which the training log leaves out.
     """
-    weights = mask.to(values.dtype)
-    count = weights.sum()
-    mean = (values * weights).sum() / count
-    variance = ((values - mean) * weights).square().sum() / (count - 1)
+    selected = mask.bool()
+    dtype = torch.promote_types(values.dtype, torch.float32)  # a bfloat16 count is exact only up to 256
+    count = selected.sum().to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=values.device)
+    mean = torch.where(selected, values.to(dtype), zero).sum() / count
+    variance = torch.where(selected, values.to(dtype) - mean, zero).square().sum() / (count - 1)
     return mean, variance.where(count > 1, torch.nan)

@@ -634,7 +634,8 @@ class SpiderPGObjective(CaptionObjective):
         record("baseline_mean", masked_mean_and_variance(baseline_values, token_mask)[0])
         record("advantage_std", advantage_variance.sqrt().nan_to_num(0.0))  # 0 for a single scored token
         # 1 − Var(Q − B) / Var(Q): how much of Q's spread the baseline explains (0 for a constant baseline); undefined
-        # (NaN, left out of the log) where Q does not vary
-        record("baseline_explained_variance", (1.0 - advantage_variance / q_variance).where(q_variance > 0, torch.nan))
+        # (NaN, left out of the log) where Q does not vary, as a constant Q's rounding-level variance makes it noise
+        explained = 1.0 - advantage_variance / q_variance
+        record("baseline_explained_variance", explained.where(q_variance.sqrt() > 1e-6, torch.nan))
         record("sample_length", token_mask.sum(dim=1).mean())
         record("rollout_captions", rollouts.caption_index.numel())

@@ -49,7 +49,8 @@ class RewardFunc(Protocol):
 
     A reward that reads the images' pixels (the `image` or `pixel_values` column, as a CLIP does) says so with an
     attribute `reads_images = True`: a run on precomputed features then keeps the images for it. Values of the `image`
-    column may come undecoded (`{"bytes", "path"}`); `rlcaption.data.images.decode_image` decodes them.
+    column may come undecoded (`{"bytes", "path"}`); `rlcaption.data.images.decode_image` decodes them. Tensor
+    columns may be the training batch's own: read them, never change them in place.
     """
 
     def __call__(self, *, completions: list[str], references: list[list[str]], **columns: Any) -> list[float]: ...

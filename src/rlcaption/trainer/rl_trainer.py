@@ -128,6 +128,14 @@ class _AuxiliaryNetworksStep(TrainerCallback):
             network.module.zero_grad(set_to_none=True)
 
 
+# optimizers that update the weights during the backward pass (fused LOMO, layer-wise GaLore and APOLLO): the loss is
+# checked before it
+_OPTIMIZERS_STEPPING_IN_BACKWARD = {
+    "lomo", "adalomo", "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise",
+    "apollo_adamw_layerwise",
+}  # fmt: skip
+
+
 def _on_the_host(recorded: Mapping[str, list[float | torch.Tensor]]) -> list[tuple[str, list[float]]]:
     """The recorded metrics as floats, the tensors among them copied to the host together, one copy per device."""
     tensors = [value for values in recorded.values() for value in values if isinstance(value, torch.Tensor)]
@@ -430,9 +438,9 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
     @staticmethod
     def _image_columns(inputs: Mapping[str, Any], rows: Sequence[int]) -> dict[str, Any]:
-        """The batch's per-image columns (lists and tensors with one row per image), at `rows`; the batch's own
-        columns when `rows` are all its images in order, as for every sample or greedy caption of a step (the images
-        are not copied for each reward call)."""
+        """The batch's per-image columns (lists and tensors with one row per image), at `rows`; when `rows` are all
+        its images in order, as for every sample or greedy caption of a step, its own tensors (the images are not
+        copied for each reward call: rewards read them, never change them in place)."""
         batch_size = len(inputs["references"])
         every_row_in_order = list(rows) == list(range(batch_size))
         index_tensor = None
@@ -614,6 +622,8 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             self._stop_every_process_on(failure, loss)
         elif failure is not None:
             raise failure
+        elif self.args.optim in _OPTIMIZERS_STEPPING_IN_BACKWARD and not torch.isfinite(loss):
+            raise self._non_finite_loss_error(loss)  # their backward pass would apply the bad gradients at once
         self.record_metric("loss_" + self.args.objective, loss)
         phases = self.objective.phases()
         if len(phases) > 1:
@@ -625,7 +635,12 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         # On one process the loss is checked here, with the backward pass queued: reading it waits for the device,
         # once a step, and still before the optimizer step that a non-finite loss must not reach. Several processes
         # check it in compute_loss, where they agree on failures before the backward pass's all-reduce.
-        if self.accelerator.num_processes == 1 and not torch.isfinite(loss):
+        checked = self.accelerator.num_processes > 1 or self.args.optim in _OPTIMIZERS_STEPPING_IN_BACKWARD
+        if not checked and not torch.isfinite(loss):
+            # the bad gradients must not reach a later step: a resume in this process adds to what is left here
+            model.zero_grad(set_to_none=True)
+            for network in self._auxiliary_networks.values():
+                network.module.zero_grad(set_to_none=True)
             raise self._non_finite_loss_error(loss)
         return loss
 

@@ -66,7 +66,9 @@ class RLCaptionConfig(TrainingArguments):
     Configuration of [`RLCaptionTrainer`]. Every field of [`~transformers.TrainingArguments`] applies; the fields
     below choose the objective, the rewards, how captions are sampled, and how the model is evaluated during training.
 
-    Label smoothing for the `xe` objective is the inherited `label_smoothing_factor`.
+    Label smoothing for the `xe` objective is the inherited `label_smoothing_factor`. Without an
+    `accelerator_config`, batches are copied to the GPU without blocking (`{"non_blocking": True}`, from the pinned
+    memory of `dataloader_pin_memory`): a blocking copy waits for the previous step's work on the device.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -267,6 +269,8 @@ class RLCaptionConfig(TrainingArguments):
                 "whose flat parameters generate() cannot run on. Shard with accelerate's FSDP2 instead (`accelerate "
                 "launch --config_file examples/accelerate/fsdp.yaml`), or use DDP (`accelerate launch --multi_gpu`)."
             )
+        if self.accelerator_config is None:
+            self.accelerator_config = {"non_blocking": True}
         super().__post_init__()
         config_class = _OBJECTIVE_CONFIGS.get(self.objective)
         if config_class is None:

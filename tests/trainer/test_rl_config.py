@@ -13,6 +13,13 @@ def test_defaults_keep_dataset_columns_and_run_offline(tmp_path):
     assert config.report_to in ([], "none", ["none"])
 
 
+def test_batches_reach_the_gpu_without_blocking_unless_the_accelerator_config_says_otherwise(tmp_path):
+    # a blocking copy to the GPU waits for the previous step's work; pinned batches copy without it
+    config = RLCaptionConfig(output_dir=str(tmp_path))  # not use_cpu, which turns pinned memory off
+    assert config.accelerator_config.non_blocking is True and config.dataloader_pin_memory is True
+    assert make_config(tmp_path, accelerator_config={"split_batches": False}).accelerator_config.non_blocking is False
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -23,7 +23,7 @@ from rlcaption.models import step_decoding
 from rlcaption.models.blip_decoding import decode_blip
 from rlcaption.models.recurrent_decoding import decode_recurrent
 from rlcaption.objectives import spider_pg
-from rlcaption.objectives.base import reward_tensor
+from rlcaption.objectives.base import reward_tensor, to_device_without_waiting
 from rlcaption.objectives.spider_pg import sample_rollouts
 from tiny_captioners import BLIP_IMAGE_SIZE, DECODING_SETTINGS, make_blip, regions_show_tell
 
@@ -215,3 +215,17 @@ def test_rewards_reach_the_gpu_behind_the_queued_work_unchanged():
     assert rewards.device.type == "cuda" and rewards.dtype == torch.float32
     torch.testing.assert_close(rewards.cpu(), torch.as_tensor(values, dtype=torch.float32), rtol=0, atol=0)
     assert torch.isfinite(queued).all()
+
+
+def test_host_values_are_copied_to_the_gpu_without_waiting_for_the_queued_work():
+    values = torch.linspace(-1.0, 2.0, 1000, dtype=torch.float64)
+    matrix = torch.randn(8192, 8192, device="cuda")
+    for _ in range(30):  # tens of milliseconds of work queued before the copy
+        matrix = torch.tanh(matrix @ matrix)
+    finished = torch.cuda.Event()
+    finished.record()
+    copied = to_device_without_waiting(values, torch.device("cuda"))
+    assert not finished.query()  # the host went on while the queued work still ran
+    assert copied.device.type == "cuda" and copied.dtype == torch.float64
+    torch.testing.assert_close(copied.cpu(), values, rtol=0, atol=0)  # behind the queued work, in stream order
+    assert torch.isfinite(matrix).all()

@@ -225,12 +225,16 @@ def get_objective_class(name: str) -> type[CaptionObjective]:
 def reward_tensor(values: np.ndarray, device: torch.device) -> torch.Tensor:
     """
     Rewards, advantages or other values computed on the host (SLE's distances between samples), as a float32 tensor
-    on `device`. On a GPU they are copied from pinned memory without waiting: a copy from ordinary host memory first
-    waits for every kernel queued before it, and objectives collect their rewards just after launching the forward
-    pass that scores the samples.
+    on `device`, copied by [`to_device_without_waiting`]: objectives collect their rewards just after launching the
+    forward pass that scores the samples.
     """
-    tensor = torch.as_tensor(np.asarray(values, dtype=np.float32))
-    if device.type != "cuda":
+    return to_device_without_waiting(torch.as_tensor(np.asarray(values, dtype=np.float32)), device)
+
+
+def to_device_without_waiting(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`; from the host to a GPU, copied from pinned memory without waiting: a copy from ordinary
+    host memory first waits for every kernel queued before it."""
+    if tensor.device.type != "cpu" or torch.device(device).type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
 

@@ -71,7 +71,7 @@ from torch import nn
 from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs, token_log_probs
 from ..rewards.contrastive import ContrastiveReward, ContrastiveRewards
 from ..rl_config import RLCaptionConfig
-from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
+from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective, to_device_without_waiting
 
 __all__ = [
     "DISCRIMINATOR_INPUTS",
@@ -439,10 +439,12 @@ class WTFObjective(CaptionObjective):
             image_columns,
             batch_size,
         )  # (2B,)
-        labels = torch.cat([torch.ones(batch_size), torch.zeros(batch_size)]).to(device)
-        discriminator_loss = F.binary_cross_entropy_with_logits(logits, labels)
+        # the labels built on the device as well as on the host: a copy to the GPU would wait for D's pass
+        labels = torch.cat([torch.ones(batch_size), torch.zeros(batch_size)])
+        device_labels = torch.cat([torch.ones(batch_size, device=device), torch.zeros(batch_size, device=device)])
+        discriminator_loss = F.binary_cross_entropy_with_logits(logits, device_labels)
         probabilities = torch.sigmoid(logits.detach()).double().cpu()  # p_D: ground truth, then beam search
-        self._record_discriminator(discriminator_loss, probabilities, labels.cpu())
+        self._record_discriminator(discriminator_loss, probabilities, labels)
         if pretraining:
             return discriminator_loss
 
@@ -463,11 +465,11 @@ class WTFObjective(CaptionObjective):
         if beam_rewards is not None:
             beam_log_probs = sample_token_log_probs(model, image_inputs, beam.sequences)
             beam_mask = caption_token_mask(beam.sequences, trainer.eos_token_id)
-            beam_rewards = beam_rewards.to(device)
+            beam_rewards = to_device_without_waiting(beam_rewards, device)  # not waiting for the pass just queued
         if ground_truth_rewards is not None:
             ground_truth_log_probs = token_log_probs(model, image_inputs, ground_truth_ids, ground_truth_attention)
             ground_truth_mask = ground_truth_attention[:, 1:].float()
-            ground_truth_rewards = ground_truth_rewards.to(device)
+            ground_truth_rewards = to_device_without_waiting(ground_truth_rewards, device)
         policy_loss = wtf_loss(
             beam_log_probs, beam_mask, beam_rewards,
             ground_truth_log_probs, ground_truth_mask, ground_truth_rewards,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcaption.metrics import tokenization
 from rlcaption.metrics.tokenization import (
     PUNCTUATIONS,
     normalize_caption,
@@ -129,3 +130,15 @@ def test_ptb_option_equals_pycocoevalcap_tokenizer():
     )
     assert tokenize_corpus(captions, tokenizer="ptb") == reference
     assert ptb_tokenize_lines([]) == []
+
+
+@pytest.mark.parametrize(
+    "caption",
+    [
+        "A Man Riding A WAVE on top of a surfboard.", "a dog on a mat", "  two cats  ", "The corner of Prince St.",
+        "flags of Mass.", "he cannot swim.", "Gonna rain", "a car wash.", "a boat holding an ore.", ".", "",
+    ],
+)  # fmt: skip
+def test_captions_of_letters_and_spaces_take_a_shortcut_with_the_lexers_tokens(caption):
+    lexed = tuple(token.lower() for token in tokenization._lex(caption) if token.lower() not in PUNCTUATIONS)
+    assert tuple(tokenize_caption(caption)) == lexed

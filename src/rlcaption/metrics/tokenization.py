@@ -197,13 +197,14 @@ def _tokenize_cached(text: str) -> tuple[str, ...]:
     # sampled captions repeat a lot during training, so the tokens of recent captions are kept
     simple = _simple_caption_words(text)
     if simple is not None:
-        return tuple(word.lower() for word in simple)
+        return simple
     lowered = (token.lower() for token in _lex(text.replace("\n", " ")))
     return tuple(token for token in lowered if token not in PUNCTUATIONS)
 
 
-def _simple_caption_words(text: str) -> list[str] | None:
-    """The words of a caption made only of ASCII letters and spaces with an optional final period, else None.
+def _simple_caption_words(text: str) -> tuple[str, ...] | None:
+    """The lower-cased words of a caption made only of ASCII letters and spaces with an optional final period, else
+    None.
 
     Most captions look like that; for them the lexer's output is just the words, so the regular expressions can be
     skipped. Captions whose last word could keep the final period (an abbreviation) or containing a word the lexer
@@ -215,12 +216,12 @@ def _simple_caption_words(text: str) -> list[str] | None:
         body = body[:-1]
     if not _SIMPLE_CAPTION.fullmatch(body):
         return None
-    words = body.split()
-    if has_period and words and (words[-1].lower() in _ABBREVIATIONS or words[-1].lower() in _STATE_ABBREVIATIONS):
+    words = body.lower().split()  # lower-cased once, not word by word: the words are ASCII letters
+    if has_period and words and (words[-1] in _ABBREVIATIONS or words[-1] in _STATE_ABBREVIATIONS):
         return None
-    if any(word.lower() in _SPLIT_WORDS for word in words):
+    if not _SPLIT_WORDS.keys().isdisjoint(words):
         return None
-    return words
+    return tuple(words)
 
 
 def normalize_caption(text: str) -> str:

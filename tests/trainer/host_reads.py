@@ -1,10 +1,11 @@
 """Watches where a computation reads tensor values on the host: on a GPU, each such read waits for the device to
 finish all the work queued before it, so the host stops queueing ahead. On the CPU nothing waits, but the same
-operators run, so a test here sees the places that would wait on a GPU. Not seen: copies between host and device
-(`.cpu()`, `.tolist()`, `.numpy()`; and `torch.tensor(values, device=...)`, which on a GPU waits too unless the values
-come from pinned memory without blocking, as `rlcaption.objectives.base.reward_tensor` copies them), since on the CPU
-they run no operator; and reads of tensors that stay on the host anyway (a CPU generator's draws), which a GPU would
-not wait for either."""
+operators run, so a test here sees the places that would wait on a GPU. Copies from the host are seen where a tensor
+is made from host values for a device (`torch.tensor(values, device=...)`, `torch.as_tensor(...)`): on a GPU such a
+copy waits too, unless it comes from pinned memory without blocking, as
+`rlcaption.objectives.base.to_device_without_waiting` copies. Not seen: other copies between host and device (`.cpu()`,
+`.tolist()`, `.numpy()`, `.to(device)`), which on the CPU run no operator; and reads of tensors that stay on the host
+anyway (a CPU generator's draws), which a GPU would not wait for either."""
 
 from __future__ import annotations
 
@@ -29,6 +30,25 @@ class HostReads(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.seen: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._makers = {name: getattr(torch, name) for name in ("tensor", "as_tensor")}
+
+    def __enter__(self):
+        for name, make in self._makers.items():
+            setattr(torch, name, self._watching_copies(make))
+        return super().__enter__()
+
+    def __exit__(self, *exception):
+        for name, make in self._makers.items():
+            setattr(torch, name, make)
+        return super().__exit__(*exception)
+
+    def _watching_copies(self, make):
+        def made(data, *args, **kwargs):
+            if kwargs.get("device") is not None and not isinstance(data, torch.Tensor):
+                self.seen["copy_from_host", self._where()] += 1
+            return make(data, *args, **kwargs)
+
+        return made
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -49,8 +69,8 @@ class HostReads(TorchDispatchMode):
     @staticmethod
     def _where() -> str:
         """`file:function` of the innermost caller outside torch (a path from the package's folder on)."""
-        for frame in reversed(traceback.extract_stack()[:-3]):
-            if "/torch/" not in frame.filename:
+        for frame in reversed(traceback.extract_stack()):
+            if "/torch/" not in frame.filename and frame.filename != __file__:
                 return f"{frame.filename.split('/src/')[-1].split('/site-packages/')[-1]}:{frame.name}"
         return "?"
 

@@ -39,6 +39,9 @@ READS_ALLOWED = {
     "transformers/generation/utils.py:_prepare_special_tokens": "transformers' beam search",
     "transformers/generation/utils.py:_get_logits_processor": "transformers' beam search",
     "transformers/generation/utils.py:_beam_search": "transformers' beam search",
+    "transformers/generation/utils.py:_tensor_or_none": "transformers' beam search (its special tokens, copied)",
+    # made from Python ints once per device and model, at its first step: every later step finds them
+    "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:never_predicted_ids": "the never-predicted ids, once",
     # the speaker's decoding for the listener passes words step by step, with gradients: no graph
     "rlcaption/objectives/word_passing.py:decode_with_word_passing": "whether all captions ended, every few tokens",
     "rlcaption/objectives/word_passing.py:_pass_words": "F.one_hot checks the ids' range (on the CPU only)",
@@ -49,7 +52,10 @@ DECODING_ON_THE_HOST = {
     "rlcaption/models/step_decoding.py:_decode_steps",
     "rlcaption/models/step_decoding.py:_trim_after_last_end",
 }
-CHECK_ONLY = {"rlcaption/trainer/rl_trainer.py:training_step"}
+CHECK_ONLY = {
+    "rlcaption/trainer/rl_trainer.py:training_step",
+    "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:never_predicted_ids",  # the first step's, once
+}
 PADDING = {
     "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:_run_lstm",
     "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:_is_right_padded",
@@ -81,8 +87,11 @@ def test_the_watch_sees_a_scalar_read_and_a_boolean_selection_but_not_an_integer
         values[torch.tensor([0, 5])]
         values.repeat_interleave(2)
         torch.tensor([1, 2]).repeat_interleave(torch.tensor([2, 1]), output_size=3)
-    assert sorted(name for name, _ in watch.seen) == ["_local_scalar_dense", "index"]
-    assert sum(watch.seen.values()) == 2
+        torch.as_tensor([1.0, 2.0], device=values.device)  # a copy from the host on a GPU
+        torch.as_tensor(values, device=values.device)  # already a tensor: no copy from the host
+    assert sorted(name for name, _ in watch.seen) == ["_local_scalar_dense", "copy_from_host", "index"]
+    assert sum(watch.seen.values()) == 3
+    assert torch.as_tensor.__module__ == "torch"  # given back
 
 
 @pytest.mark.parametrize(

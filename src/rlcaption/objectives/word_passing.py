@@ -148,7 +148,7 @@ def decode_with_word_passing(
 
     state = model.initial_state(pixel_values, image_features, image_feature_mask)
     batch_size, device = state.hidden.shape[1], state.hidden.device
-    never_predicted = torch.tensor([config.pad_token_id, config.bos_token_id], device=device)
+    never_predicted = model.never_predicted_ids(device)
     inputs = model.word_embeddings(torch.full((batch_size,), config.bos_token_id, device=device))  # (B, W)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
     steps = []

@@ -139,7 +139,7 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         )
         self.dropout = nn.Dropout(config.dropout)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
-        self._never_predicted_ids: dict[tuple, torch.Tensor] = {}  # see _vocabulary_scores
+        self._never_predicted_ids: dict[tuple, torch.Tensor] = {}  # see never_predicted_ids
         self.post_init()
         if config.encoder_type == "backbone" and config.use_pretrained_backbone:
             # after post_init, which would otherwise re-initialise the pretrained weights
@@ -406,12 +406,17 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         finite (0 * log 0 = 0 with a finite minimum, NaN with -inf).
         """
         logits = self.lm_head(self.dropout(lstm_outputs))
-        # built once per device: a tensor made from Python ints is a host-to-device copy that waits, at every token
-        key = (logits.device, self.config.pad_token_id, self.config.bos_token_id)
+        return logits.index_fill(-1, self.never_predicted_ids(logits.device), torch.finfo(logits.dtype).min)
+
+    def never_predicted_ids(self, device: torch.device) -> torch.LongTensor:
+        """`<pad>` and `<bos>`, the ids the model never predicts, on `device`: made once per device, since a tensor
+        made from Python ints is a host-to-device copy that waits for the device, and decoders need it at every
+        token."""
+        key = (device, self.config.pad_token_id, self.config.bos_token_id)
         never_predicted = self._never_predicted_ids.get(key)
         if never_predicted is None:
-            never_predicted = self._never_predicted_ids[key] = torch.tensor(key[1:], device=logits.device)
-        return logits.index_fill(-1, never_predicted, torch.finfo(logits.dtype).min)
+            never_predicted = self._never_predicted_ids[key] = torch.tensor(key[1:], device=device)
+        return never_predicted
 
     def forward(
         self,

@@ -622,8 +622,8 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             self._stop_every_process_on(failure, loss)
         elif failure is not None:
             raise failure
-        elif self.args.optim in _OPTIMIZERS_STEPPING_IN_BACKWARD and not torch.isfinite(loss):
-            raise self._non_finite_loss_error(loss)  # their backward pass would apply the bad gradients at once
+        elif self._checks_loss_before_backward and not torch.isfinite(loss):
+            raise self._non_finite_loss_error(loss)
         self.record_metric("loss_" + self.args.objective, loss)
         phases = self.objective.phases()
         if len(phases) > 1:
@@ -632,17 +632,22 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
-        # On one process the loss is checked here, with the backward pass queued: reading it waits for the device,
-        # once a step, and still before the optimizer step that a non-finite loss must not reach. Several processes
-        # check it in compute_loss, where they agree on failures before the backward pass's all-reduce.
-        checked = self.accelerator.num_processes > 1 or self.args.optim in _OPTIMIZERS_STEPPING_IN_BACKWARD
-        if not checked and not torch.isfinite(loss):
+        # Checked here, with the backward pass queued: reading the loss waits for the device, once a step, and still
+        # before the optimizer step that a non-finite loss must not reach.
+        if not self._checks_loss_before_backward and not torch.isfinite(loss):
             # the bad gradients must not reach a later step: a resume in this process adds to what is left here
             model.zero_grad(set_to_none=True)
             for network in self._auxiliary_networks.values():
                 network.module.zero_grad(set_to_none=True)
             raise self._non_finite_loss_error(loss)
         return loss
+
+    @property
+    def _checks_loss_before_backward(self) -> bool:
+        """Whether `compute_loss` checks the loss, before the backward pass, rather than `training_step` after it:
+        several processes agree on failures before the backward pass's all-reduce, and an optimizer stepping in the
+        backward pass would apply a non-finite loss's gradients at once."""
+        return self.accelerator.num_processes > 1 or self.args.optim in _OPTIMIZERS_STEPPING_IN_BACKWARD
 
     def _non_finite_loss_error(self, loss: torch.Tensor) -> RuntimeError:
         return RuntimeError(

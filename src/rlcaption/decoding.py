@@ -301,7 +301,9 @@ def sample_token_log_probs_and_entropies(
         logits = caption_logits(model, image_inputs, sequences, image_index=image_index)  # (N, T-1, V)
     log_probs = F.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
     sampled = log_probs.gather(-1, sequences[:, 1:].to(logits.device).unsqueeze(-1)).squeeze(-1)  # (N, T-1)
-    # words a model rules out (logit -inf) add 0 to the entropy; without the masking 0 * -inf would be NaN
-    finite_log_probs = log_probs.masked_fill(torch.isneginf(log_probs), 0.0)
-    entropies = -(log_probs.exp() * finite_log_probs).sum(dim=-1)  # (N, T-1)
+    # words of probability 0 (ruled out with logit -inf or the lowest finite one, or underflowing) add 0 to the
+    # entropy and nothing to its gradient: without the masking, 0 * -inf would be NaN, and so would the backward pass
+    # of 0 * (lowest float) once the gradient reaching it exceeds 1 in size
+    probs = log_probs.exp()
+    entropies = -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(dim=-1)  # (N, T-1)
     return sampled, entropies

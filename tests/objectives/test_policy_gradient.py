@@ -80,11 +80,16 @@ def test_minus_infinite_log_probabilities_of_padding_are_ignored():
 # ---------------------------------------------------------------- maximum-entropy bonus (Chen & Jin's SLL-ME)
 
 
-def test_entropy_bonus_gradient_equals_the_hand_computed_gradient(monkeypatch):
+# A word is ruled out with logit -inf, or the lowest finite one (scores are float32), as ShowTellRL rules out <pad> and
+# <bos>. A weight of 10 makes the gradient reaching the entropy terms larger than 1, where the backward pass of
+# 0 * (lowest float) overflows to NaN.
+@pytest.mark.parametrize("weight", [0.1, 10.0])
+@pytest.mark.parametrize("ruled_out", [-math.inf, torch.finfo(torch.float32).min], ids=["-inf", "lowest_finite"])
+def test_entropy_bonus_gradient_equals_the_hand_computed_gradient(monkeypatch, ruled_out, weight):
     logits = torch.tensor(
         [
             [[0.0, 0.0, 0.0, 0.0], [2.0, -1.0, 0.5, 0.0], [1.0, 1.0, -2.0, 3.0]],
-            [[0.3, -0.7, 1.1, 0.2], [-float("inf"), 1.0, 0.0, 2.0], [5.0, 0.0, 0.0, 0.0]],  # a word ruled out
+            [[0.3, -0.7, 1.1, 0.2], [ruled_out, 1.0, 0.0, 2.0], [5.0, 0.0, 0.0, 0.0]],
         ],
         dtype=torch.float64,
         requires_grad=True,
@@ -97,7 +102,6 @@ def test_entropy_bonus_gradient_equals_the_hand_computed_gradient(monkeypatch):
     assert entropies[0, 0].item() == pytest.approx(math.log(4))  # uniform over 4 words
 
     mask = caption_token_mask(sequences, EOS)  # 3 + 2 tokens; the last position of row 1 is padding
-    weight = 0.1
     (-weight * mean_token_entropy(entropies, mask)).backward()
 
     # by hand: H = -Σ_i p_i log p_i, dH/dz_i = -p_i (log p_i + H) (0 for a word with p_i = 0); the loss term is

@@ -14,8 +14,10 @@ random weights and a `BlipProcessor` built here.
    and the shares of the step spent sampling (every `generate` call the objective makes, rollouts included) and in
    the reward calls. The device is synchronised around each timed part, so shares are of wall time. Each objective
    trains its own copy of the model and their steps are interleaved, so that load on the machine hits them alike. On
-   a GPU the `ShowTellRL` rows are measured twice in the same loop: decoding as CUDA graphs (the default) and step by
-   step; with `--reward-processes N` a third time, with the CIDEr-D reward computed in N worker processes.
+   a GPU the `ShowTellRL` rows are measured three times in the same loop: decoding as CUDA graphs (the default), step
+   by step, and with the samples' scoring pass and its backward pass also replayed as CUDA graphs
+   (`rlcaption.models.training_graphs`, off by default); with `--reward-processes N` once more, with the CIDEr-D
+   reward computed in N worker processes.
 3. Throughput. Images per second of the `ShowTellRL` SCST step as the batch grows: close to linear until the device
    is busy, flat once it is. Here only XE and SCST (CUDA graphs, rewards in process) are interleaved, so their ratio
    is also read away from the other variants' steps.
@@ -55,6 +57,7 @@ from transformers import (
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
 from rlcaption.models.step_decoding import use_cuda_graphs
+from rlcaption.models.training_graphs import use_training_graphs
 from rlcaption.objectives import spider_pg as spider_pg_module
 from rlcaption.rewards import Pending
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
@@ -261,13 +264,16 @@ def make_blip(processor_captions: list[str], size: str, image_size: int):
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """How an RL step runs: decodings as CUDA graphs or step by step, rewards in worker processes or in process."""
+    """How an RL step runs: decodings as CUDA graphs or step by step, the samples' scoring pass and its backward pass
+    as CUDA graphs or not, rewards in worker processes or in process."""
 
     cuda_graphs: bool = True
     reward_processes: int = 0
+    training_graphs: bool = False
 
     def describe(self) -> str:
         parts = [] if self.cuda_graphs else ["step-by-step decoding"]
+        parts += ["scoring pass as graphs"] if self.training_graphs else []
         parts += [f"rewards in {self.reward_processes} processes"] if self.reward_processes else []
         return ", ".join(parts)
 
@@ -301,11 +307,11 @@ def optimizer_step(trainer: RLCaptionTrainer, batch: dict[str, Any]) -> None:
 class StepTimer:
     """Times full optimizer steps of one trainer on one batch, each from the same weights and seed, with the shares
     of sampling and rewards. Each repeat runs two steps: one timed as a whole, and one whose sampling and reward calls
-    are timed apart for their shares (their synchronisations would slow the whole). With `cuda_graphs=False` its
-    decodings go step by step instead of as CUDA graphs."""
+    are timed apart for their shares (their synchronisations would slow the whole). The steps run as `variant` says
+    (its reward processes are the trainer's)."""
 
-    def __init__(self, trainer: RLCaptionTrainer, cuda_graphs: bool = True):
-        self.trainer, self.cuda_graphs, self.device = trainer, cuda_graphs, trainer.args.device
+    def __init__(self, trainer: RLCaptionTrainer, variant: Variant):
+        self.trainer, self.variant, self.device = trainer, variant, trainer.args.device
         self.batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
         self.initial = copy.deepcopy(trainer.model.state_dict())
         self.sampling_watches = [Stopwatch(trainer, name, self.device) for name in SAMPLING_METHODS]
@@ -330,7 +336,8 @@ class StepTimer:
     def _timed_step(self, seed: int) -> float:
         self.trainer.model.load_state_dict(self.initial)
         torch.manual_seed(seed)
-        use_cuda_graphs(self.cuda_graphs)
+        use_cuda_graphs(self.variant.cuda_graphs)
+        use_training_graphs(self.variant.training_graphs)
         try:
             synchronize(self.device)
             start = time.perf_counter()
@@ -338,6 +345,7 @@ class StepTimer:
             synchronize(self.device)
         finally:
             use_cuda_graphs(True)
+            use_training_graphs(False)
         return time.perf_counter() - start
 
     def summary(self, batch_size: int) -> dict[str, float]:
@@ -366,7 +374,7 @@ def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes
                     objective, model, processor, shapes["train"], batch_size, device, bf16, scratch,
                     variant.reward_processes,
                 )  # fmt: skip
-                timers[objective, variant] = StepTimer(trainer, variant.cuda_graphs)
+                timers[objective, variant] = StepTimer(trainer, variant)
                 if trainer.reward_mix is not None:  # steps timed with every reward process started
                     trainer.reward_mix.wait_for_processes()
         rollout_watch = Stopwatch(spider_pg_module, "sample_rollouts", device)
@@ -527,8 +535,11 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = load_shapes(num_train=1024, num_validation=8, num_test=8, image_size=48, cache_dir=scratch / "datasets")
     show_tell = lambda: (ShowTellRL.from_pretrained(WARM_START), CaptionProcessor.from_pretrained(WARM_START))  # noqa: E731
-    # on a GPU, also with every decoding step by step: what the decoding graphs save
-    variants = [Variant(), Variant(cuda_graphs=False)] if device.type == "cuda" else [Variant()]
+    # on a GPU, also with every decoding step by step (what the decoding graphs save), and with the samples' scoring
+    # pass replayed as graphs with its backward pass (off by default)
+    variants = [Variant()]
+    if device.type == "cuda":
+        variants += [Variant(cuda_graphs=False), Variant(training_graphs=True)]
     if args.reward_processes:
         variants.append(Variant(reward_processes=args.reward_processes))
     budget = step_budget(

@@ -17,6 +17,7 @@ whose forward cuDNN cannot differentiate.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from transformers import GenerationConfig
 
 from .captioners import captioner_for, forward_through
 from .models.captions import caption_token_mask
+from .models.training_graphs import graphed_training_call
 
 __all__ = [
     "IMAGE_INPUT_NAMES",
@@ -276,11 +278,13 @@ def sample_token_log_probs(
     [`token_log_probs`] of captions sampled by [`generate_captions`], under the distribution that sampled them: in
     evaluation mode, as sampling (see the module docstring for why), with gradients. The model's mode is restored.
 
+    With [`rlcaption.models.training_graphs.use_training_graphs`] on, a CUDA device replays this pass and its backward
+    pass as CUDA graphs (from a batch shape's second call): differentiate each call before the next one.
+
     Returns:
         `torch.FloatTensor` of shape `(N, T - 1)`; mask it with [`caption_token_mask`].
     """
-    with evaluation_mode(model):
-        return token_log_probs(model, image_inputs, sequences, image_index=image_index)
+    return _scored_samples(model, image_inputs, sequences, image_index, with_entropies=False)[0]
 
 
 def sample_token_log_probs_and_entropies(
@@ -297,10 +301,36 @@ def sample_token_log_probs_and_entropies(
         `tuple[torch.FloatTensor, torch.FloatTensor]`: the log-probabilities of the sampled tokens and the entropies
         `-sum_w p(w | prefix) log p(w | prefix)`, each of shape `(N, T - 1)`; mask them with [`caption_token_mask`].
     """
+    return _scored_samples(model, image_inputs, sequences, image_index, with_entropies=True)
+
+
+def _scored_samples(
+    model: nn.Module,
+    image_inputs: Mapping[str, torch.Tensor],
+    sequences: torch.LongTensor,
+    image_index: torch.LongTensor | None,
+    with_entropies: bool,
+) -> tuple[torch.FloatTensor, ...]:
+    """The samples' log-probabilities (and entropies) in evaluation mode, replayed as CUDA graphs where possible."""
+    inputs = {**image_inputs, "sequences": sequences} | ({} if image_index is None else {"image_index": image_index})
+    score = functools.partial(_sample_scores, model, with_entropies)
     with evaluation_mode(model):
-        logits = caption_logits(model, image_inputs, sequences, image_index=image_index)  # (N, T-1, V)
+        graphed = graphed_training_call(model, score, inputs, ("sample scores", with_entropies))
+        return score(**inputs) if graphed is None else graphed
+
+
+def _sample_scores(
+    model: nn.Module,
+    with_entropies: bool,
+    sequences: torch.LongTensor,
+    image_index: torch.LongTensor | None = None,
+    **image_inputs: torch.Tensor,
+) -> tuple[torch.FloatTensor, ...]:
+    logits = caption_logits(model, image_inputs, sequences, image_index=image_index)  # (N, T-1, V)
     log_probs = F.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
     sampled = log_probs.gather(-1, sequences[:, 1:].to(logits.device).unsqueeze(-1)).squeeze(-1)  # (N, T-1)
+    if not with_entropies:
+        return (sampled,)
     # words of probability 0 (ruled out with logit -inf or the lowest finite one, or underflowing) add 0 to the
     # entropy and nothing to its gradient: without the masking, 0 * -inf would be NaN, and so would the backward pass
     # of 0 * (lowest float) once the gradient reaching it exceeds 1 in size

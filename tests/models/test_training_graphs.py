@@ -7,6 +7,7 @@ are never captured."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from types import SimpleNamespace
 
@@ -97,10 +98,9 @@ def test_replayed_scoring_passes_give_the_eager_scores_and_accumulate_the_eager_
     # gradients accumulate over the steps (no zero_grad), as over a gradient accumulation's micro-batches
     for seed in range(4):
         graphed_scores = scored_loss(graphed, seed, entropies)
-        with torch.enable_grad():
-            training_graphs.use_training_graphs(False)
-            eager_scores = scored_loss(eager, seed, entropies)
-            training_graphs.use_training_graphs(True)
+        training_graphs.use_training_graphs(False)
+        eager_scores = scored_loss(eager, seed, entropies)
+        training_graphs.use_training_graphs(True)
         for graphed_score, eager_score in zip(graphed_scores, eager_scores, strict=True):
             torch.testing.assert_close(graphed_score, eager_score)
         for (name, parameter), reference in zip(graphed.named_parameters(), eager.parameters(), strict=True):
@@ -123,44 +123,99 @@ def test_the_gradients_autograd_keeps_are_not_the_graphs_buffers(graphs_on_the_c
         assert all(buffer is None or buffer.data_ptr() != parameter.grad.data_ptr() for buffer in captured.gradients)
 
 
-def test_a_backward_pass_after_the_next_replay_raises_instead_of_reading_its_activations(graphs_on_the_cpu):
-    model = regions_show_tell(image_attention=True)
+def graphed_scores(model) -> torch.Tensor:
+    """Log-probabilities of the samples of seed 0, replayed (the shape's graph is captured first)."""
     image_inputs, sequences, image_index = samples(0)
     for _ in range(2):
         sample_token_log_probs(model, image_inputs, sequences, image_index).sum().backward()
-    first = sample_token_log_probs(model, image_inputs, sequences, image_index)
-    second = sample_token_log_probs(model, image_inputs, sequences, image_index)
-    with pytest.raises(RuntimeError, match="replayed again before the backward pass"):
+    return sample_token_log_probs(model, image_inputs, sequences, image_index)
+
+
+def test_a_backward_pass_after_the_next_replay_raises_instead_of_reading_its_activations(graphs_on_the_cpu):
+    model = regions_show_tell(image_attention=True)
+    first = graphed_scores(model)
+    second = sample_token_log_probs(model, *samples(0))
+    with pytest.raises(RuntimeError, match="ran after a later replay of the call, or a second time"):
         first.sum().backward()
     second.sum().backward()  # the latest replay's backward pass still runs
 
 
-def wrapped(model):
-    """A wrapper around the model, as DDP or FSDP put one."""
-    wrapper = torch.nn.Module()
-    wrapper.module = model
-    wrapper.forward = model.forward
-    return wrapper
+def test_a_second_backward_pass_of_a_replay_raises(graphs_on_the_cpu):
+    scores = graphed_scores(regions_show_tell(image_attention=True))
+    scores.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="or a second time"):
+        scores.sum().backward()
 
 
-@pytest.mark.parametrize(
-    "case", ["graphs off", "no gradients", "frozen", "wrapper", "patched forward", "checkpointing"]
-)
+def test_a_backward_pass_after_the_parameters_changed_in_place_raises(graphs_on_the_cpu):
+    model = regions_show_tell(image_attention=True)
+    scores = graphed_scores(model)
+    with torch.no_grad():
+        # a bias, which an eager pass does not save either: the stand-in's own autograd graph would not notice
+        model.lm_head.bias.add_(0.1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        scores.sum().backward()
+
+
+def test_gradients_asked_of_autograd_directly_are_not_overwritten_by_the_next_replay(graphs_on_the_cpu):
+    model = regions_show_tell(image_attention=True)
+    parameters = list(model.parameters())
+    gradients = torch.autograd.grad(graphed_scores(model).sum(), parameters)
+    kept = [gradient.clone() for gradient in gradients]
+    image_inputs, sequences, image_index = samples(1)  # the same shape: a replay
+    torch.autograd.grad((sample_token_log_probs(model, image_inputs, sequences, image_index) * 3).sum(), parameters)
+    assert all(torch.equal(gradient, before) for gradient, before in zip(gradients, kept, strict=True))
+
+
+class Wrapper(torch.nn.Module):
+    """A wrapper around the model, as DDP or DeepSpeed put one."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+CASES = [
+    "graphs off", "no gradients", "frozen", "inputs with gradients", "wrapper", "patched forward", "forward hook",
+    "compiled", "checkpointing",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_calls_a_graph_must_not_hold_run_eagerly(graphs_on_the_cpu, case):
     model = regions_show_tell(image_attention=True)
-    image_inputs, sequences, image_index = samples(0)
+    image_inputs, sequences, _ = samples(0)
+    features = image_inputs["image_features"].requires_grad_(case == "inputs with gradients")
     if case == "graphs off":
         training_graphs.use_training_graphs(False)
     if case == "frozen":
         model.requires_grad_(False)
     if case == "patched forward":  # accelerate's mixed precision patches the instance's forward with autocast
         model.forward = model.forward
+    if case == "forward hook":
+        model.lm_head.register_forward_hook(lambda module, inputs, output: output)
+    if case == "compiled":
+        model._compiled_call_impl = model.forward  # as `model.compile()` sets it
     if case == "checkpointing":
         model.lm_head.gradient_checkpointing = True  # how transformers marks the modules it checkpoints
-    function = lambda **inputs: (model(**inputs).logits,)  # noqa: E731
-    inputs = {"image_features": image_inputs["image_features"], "input_ids": sequences[:IMAGES]}
-    caller = wrapped(model) if case == "wrapper" else model
-    with torch.no_grad() if case == "no gradients" else torch.enable_grad():
+    caller = Wrapper(model) if case == "wrapper" else model
+    function = lambda **inputs: (caller(**inputs).logits,)  # noqa: E731
+    inputs = {"image_features": features, "input_ids": sequences[:IMAGES]}
+    with torch.no_grad() if case == "no gradients" else contextlib.nullcontext():
         results = [training_graphs.graphed_training_call(caller, function, inputs, ()) for _ in range(3)]
     assert results == [None, None, None]
     assert ReplayedEagerly.captures == 0
+
+
+def test_a_plain_model_is_captured(graphs_on_the_cpu):
+    """The counterpart of the refusals: the same call of the plain model is captured at its second call."""
+    model = regions_show_tell(image_attention=True)
+    image_inputs, sequences, _ = samples(0)
+    function = lambda **inputs: (model(**inputs).logits,)  # noqa: E731
+    inputs = {"image_features": image_inputs["image_features"], "input_ids": sequences[:IMAGES]}
+    results = [training_graphs.graphed_training_call(model, function, inputs, ()) for _ in range(3)]
+    assert results[0] is None and all(result is not None for result in results[1:])
+    assert ReplayedEagerly.captures == 1

@@ -251,46 +251,44 @@ def sampled_for_scoring(model, image_inputs, seed: int) -> tuple[torch.LongTenso
 
 
 @pytest.mark.parametrize("entropies", [False, True], ids=["log_probs", "with_entropies"])
-def test_scoring_passes_replayed_as_graphs_give_the_eager_scores_and_gradients(tmp_path, entropies):
-    _, warm_start_pixels = warm_start_inputs(tmp_path)
-    cases = [
-        (ShowTellRL.from_pretrained(WARM_START).cuda(), warm_start_pixels),  # attention over the CNN's grid
-        (
-            regions_show_tell(image_attention=False).cuda(),  # cuDNN's sequence LSTM
-            {"image_features": torch.randn(8, 4, 6).cuda(), "image_feature_mask": REGION_MASK.cuda()},
-        ),
-    ]
+@pytest.mark.parametrize("kind", ["attention", "sequence_lstm"])
+def test_scoring_passes_replayed_as_graphs_give_the_eager_scores_and_gradients(tmp_path, kind, entropies):
+    if kind == "attention":  # the warm start: attention over the CNN's grid, an LSTM cell per position
+        _, image_inputs = warm_start_inputs(tmp_path)
+        graphed = ShowTellRL.from_pretrained(WARM_START).cuda()
+    else:  # cuDNN's sequence LSTM, over region features with padded regions
+        graphed = regions_show_tell(image_attention=False).cuda()
+        image_inputs = {"image_features": torch.randn(8, 4, 6).cuda(), "image_feature_mask": REGION_MASK.cuda()}
     score = sample_token_log_probs_and_entropies if entropies else sample_token_log_probs
-    for graphed, image_inputs in cases:
-        eager = copy.deepcopy(graphed)
-        for step in range(5):
-            sequences, image_index = sampled_for_scoring(graphed, image_inputs, seed=step)
-            advantages = torch.linspace(-1, 1, sequences.shape[0], device="cuda")[:, None]
-            scores = {}
-            for model, on in ((graphed, True), (eager, False)):
-                training_graphs.use_training_graphs(on)
-                try:
-                    scored = score(model, image_inputs, sequences, image_index)
-                finally:
-                    training_graphs.use_training_graphs(False)
-                scored = scored if entropies else (scored,)
-                sum((value * advantages).sum() for value in scored).backward()
-                scores[on] = [value.detach() for value in scored]
-            for graphed_score, eager_score in zip(scores[True], scores[False], strict=True):
-                torch.testing.assert_close(graphed_score, eager_score, rtol=1e-5, atol=1e-5)
-            for (name, parameter), reference in zip(graphed.named_parameters(), eager.parameters(), strict=True):
-                if reference.grad is not None:
-                    torch.testing.assert_close(parameter.grad, reference.grad, rtol=1e-4, atol=1e-5, msg=name)
-            if step % 2 == 1:  # gradients accumulate over two steps, then an update in place, as an optimizer makes
-                with torch.no_grad():
-                    for parameter in graphed.parameters():
-                        if parameter.grad is not None:
-                            parameter.sub_(0.1 * parameter.grad)
-                eager.load_state_dict(graphed.state_dict())  # the same weights: rounding differences do not add up
-                for model in (graphed, eager):
-                    model.zero_grad(set_to_none=True)
-        captured = step_decoding._CAPTURED_CALLS[graphed].values()
-        assert any(isinstance(graph, training_graphs.CapturedTraining) for graph in captured)
+    eager = copy.deepcopy(graphed)
+    for step in range(5):
+        sequences, image_index = sampled_for_scoring(graphed, image_inputs, seed=step)
+        advantages = torch.linspace(-1, 1, sequences.shape[0], device="cuda")[:, None]
+        scores = {}
+        for model, on in ((graphed, True), (eager, False)):
+            training_graphs.use_training_graphs(on)
+            try:
+                scored = score(model, image_inputs, sequences, image_index)
+            finally:
+                training_graphs.use_training_graphs(False)
+            scored = scored if entropies else (scored,)
+            sum((value * advantages).sum() for value in scored).backward()
+            scores[on] = [value.detach() for value in scored]
+        for graphed_score, eager_score in zip(scores[True], scores[False], strict=True):
+            torch.testing.assert_close(graphed_score, eager_score, rtol=1e-5, atol=1e-5)
+        for (name, parameter), reference in zip(graphed.named_parameters(), eager.parameters(), strict=True):
+            if reference.grad is not None:
+                torch.testing.assert_close(parameter.grad, reference.grad, rtol=1e-4, atol=1e-5, msg=name)
+        if step % 2 == 1:  # gradients accumulate over two steps, then an update in place, as an optimizer makes
+            with torch.no_grad():
+                for parameter in graphed.parameters():
+                    if parameter.grad is not None:
+                        parameter.sub_(0.1 * parameter.grad)
+            eager.load_state_dict(graphed.state_dict())  # the same weights: rounding differences do not add up
+            for model in (graphed, eager):
+                model.zero_grad(set_to_none=True)
+    captured = step_decoding._CAPTURED_CALLS[graphed].values()
+    assert any(isinstance(graph, training_graphs.CapturedTraining) for graph in captured)
 
 
 def test_scst_trains_alike_with_its_scoring_pass_replayed_as_a_graph(

@@ -314,9 +314,12 @@ class PrecomputedFeatureEncoder(nn.Module):
                 f"{tuple(image_features.shape[:2])}."
             )
         real = image_feature_mask.to(image_features.device) != 0
-        # a masked mean and an attention over no region at all are undefined (NaN): refuse such images
+        # a masked mean and an attention over no region at all are undefined (NaN): refuse such images. A CUDA graph
+        # being captured cannot read the device; the replayed pass (an RL step's scoring of its samples) gets inputs
+        # that the step's decoding encoded, checked, eagerly.
         has_region = real.any(dim=1)
-        if not bool(has_region.all()):
+        capturing = has_region.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing and not bool(has_region.all()):
             empty_rows = (~has_region).nonzero().flatten().tolist()
             raise ValueError(
                 f"image_feature_mask marks no region at all in batch rows {empty_rows}: every image needs at "

@@ -8,12 +8,13 @@ GPU both passes are host-bound: an attending LSTM launches a few thousand kernel
 more than the device. Replayed as graphs, each pass is one launch.
 
 This follows `torch.cuda.make_graphed_callables`, with three differences that an RL step needs:
-- the parameters' gradients reach autograd as the graph's own buffers, which the graph keeps referencing, so that
-  autograd copies them into `.grad` (`make_graphed_callables` hands over detached views, which autograd may adopt
-  as `.grad`: the next replay then overwrites `.grad`, and under gradient accumulation doubles it);
+- the parameters' gradients reach autograd as copies of the graph's buffers (`make_graphed_callables` hands over
+  detached views of them, which autograd adopts as `.grad` where it is None: the next replay then overwrites `.grad`,
+  and under gradient accumulation doubles it);
 - a graph is captured at a shape's second call and kept among a few per model, as the decoding graphs are
   ([`rlcaption.models.step_decoding.graphed_call`]), and calls a graph cannot hold run eagerly;
-- a backward pass that would read activations of a later replay raises instead of computing wrong gradients.
+- autograd's own checks hold: a backward pass that would read activations gone (after a later replay, or a second
+  backward pass of the same replay) raises, as does one after the parameters were changed in place.
 
 Off by default until measured on more GPUs: [`use_training_graphs`] turns it on.
 """
@@ -29,7 +30,10 @@ from torch import nn
 
 from .step_decoding import _captured, graph_key
 
-__all__ = ["CapturedTraining", "graphed_training_call", "training_graphs_on", "use_training_graphs"]
+# Operations that act around a module's passes, outside what a graph replays.
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+__all__ = ["CapturedTraining", "graphed_training_call", "use_training_graphs"]
 
 _TRAINING_GRAPHS = {"enabled": False}
 
@@ -40,11 +44,6 @@ def use_training_graphs(enabled: bool) -> None:
     _TRAINING_GRAPHS["enabled"] = enabled
 
 
-def training_graphs_on() -> bool:
-    """Whether [`use_training_graphs`] is on."""
-    return _TRAINING_GRAPHS["enabled"]
-
-
 class CapturedTraining:
     """
     `function(**inputs)`, returning a tuple of tensors, captured for the shapes of `inputs` as a forward graph, and the
@@ -53,8 +52,8 @@ class CapturedTraining:
     autograd accumulates into `.grad` as for an eager pass.
 
     As for [`rlcaption.models.step_decoding.CapturedCall`], `function` must not read the device's values on the host.
-    The inputs never get gradients. Each call's backward pass must come before the next call: the graphs keep one set
-    of activations.
+    The inputs never get gradients. Each call's backward pass must come before the next call, and only once: the
+    graphs keep one set of activations, and the backward pass frees and reuses their memory as it goes.
     """
 
     def __init__(self, model: nn.Module, function: Callable[..., tuple[torch.Tensor, ...]], inputs: Mapping):
@@ -64,38 +63,49 @@ class CapturedTraining:
         self.replays = itertools.count()
         self.last_replay = -1
         with self._on_device():
-            self._capture(function)
+            try:
+                self._capture(function)
+            except torch.cuda.OutOfMemoryError as error:
+                # the graphs keep their memory for good: where they do not fit, the pass runs eagerly
+                raise RuntimeError(f"out of memory while capturing a training call ({error})") from error
 
     def _on_device(self) -> contextlib.AbstractContextManager:
-        """The inputs' device made current: the graphs are captured and replayed on its current stream."""
+        """The inputs' device made current (on the CPU, where the tests stand in for the graphs: nothing)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _capture(self, function: Callable[..., tuple[torch.Tensor, ...]]) -> None:
         device = self.device
         generator_state = torch.cuda.get_rng_state(device)
-        side_stream = torch.cuda.Stream(device)
-        side_stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side_stream):
-            # warm-up, as capture requires (cuDNN's and cuBLAS's lazy set-up, a first run's allocations); autograd.grad
-            # leaves `.grad` alone
+        capture_stream = torch.cuda.Stream(device)
+        capture_stream.wait_stream(torch.cuda.current_stream(device))
+        # the caller's stream is restored even where a capture fails midway (torch.cuda.graph leaves its own stream
+        # current when ending a broken capture raises)
+        with torch.cuda.stream(capture_stream):
+            # warm-up, as capture requires (cuDNN's and cuBLAS's lazy set-up, a first run's allocations);
+            # autograd.grad leaves `.grad` alone
             for _ in range(2):
                 outputs = function(**self.inputs)
+                if not all(isinstance(output, torch.Tensor) and output.requires_grad for output in outputs):
+                    raise RuntimeError("a captured training call must return tensors that depend on its parameters")
                 self._gradients(outputs, [torch.ones_like(output) for output in outputs])
-        torch.cuda.current_stream(device).wait_stream(side_stream)
-        torch.cuda.set_rng_state(generator_state, device)
-        self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        # thread-local: a data loader's pin-memory thread allocating during the capture must not break it
-        with torch.cuda.graph(self.forward_graph, capture_error_mode="thread_local"):
-            outputs = function(**self.inputs)
-        if not all(isinstance(output, torch.Tensor) and output.requires_grad for output in outputs):
-            raise RuntimeError("a captured training call must return tensors that depend on trainable parameters")
-        self.outputs = tuple(output.detach() for output in outputs)
-        self.output_gradients = tuple(torch.zeros_like(output) for output in outputs)
-        # the same memory pool: the backward graph reads the forward graph's saved activations
-        with torch.cuda.graph(self.backward_graph, pool=self.forward_graph.pool(), capture_error_mode="thread_local"):
-            self.gradients = self._gradients(outputs, self.output_gradients)
+            torch.cuda.set_rng_state(generator_state, device)
+            self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            # thread-local: a data loader's pin-memory thread allocating during the capture must not break it
+            with torch.cuda.graph(self.forward_graph, stream=capture_stream, capture_error_mode="thread_local"):
+                outputs = function(**self.inputs)
+            self.outputs = tuple(output.detach() for output in outputs)
+            self.output_gradients = tuple(torch.zeros_like(output) for output in outputs)
+            # the same memory pool: the backward graph reads the forward graph's saved activations
+            with torch.cuda.graph(
+                self.backward_graph, pool=self.forward_graph.pool(), stream=capture_stream,
+                capture_error_mode="thread_local",
+            ):  # fmt: skip
+                self.gradients = self._gradients(outputs, self.output_gradients)
+        torch.cuda.current_stream(device).wait_stream(capture_stream)
 
-    def _gradients(self, outputs, output_gradients) -> tuple[torch.Tensor | None, ...]:
+    def _gradients(
+        self, outputs: tuple[torch.Tensor, ...], output_gradients: list[torch.Tensor] | tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor | None, ...]:
         return torch.autograd.grad(outputs, self.parameters, output_gradients, allow_unused=True)
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -110,38 +120,64 @@ class CapturedTraining:
         self.last_replay = next(self.replays)
         return self.last_replay, tuple(output.clone() for output in self.outputs)
 
-    def replay_backward(self, replay: int, output_gradients) -> tuple[torch.Tensor | None, ...]:
-        """Runs the backward graph for the outputs of forward replay `replay`: the parameters' gradients, in the
-        graph's buffers (autograd copies a gradient it does not hold the only reference to)."""
+    def replay_backward(
+        self, replay: int, output_gradients: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor | None, ...]:
+        """Runs the backward graph for the outputs of forward replay `replay`, once: copies of the parameters'
+        gradients (the next replay overwrites the graph's buffers; `torch.autograd.grad` and hooks get these)."""
         if replay != self.last_replay:
             raise RuntimeError(
-                "A captured training call was replayed again before the backward pass of an earlier replay, whose "
-                "activations are gone: differentiate each call before the next one, or turn training graphs off with "
-                "rlcaption.models.training_graphs.use_training_graphs(False)."
+                "The backward pass of a captured training call ran after a later replay of the call, or a second "
+                "time, when the activations it reads are gone: differentiate each call once, before the next one, "
+                "or turn training graphs off with rlcaption.models.training_graphs.use_training_graphs(False)."
             )
+        self.last_replay = -1
         for buffer, gradient in zip(self.output_gradients, output_gradients, strict=True):
-            if gradient is None:
-                buffer.zero_()
-            else:
-                buffer.copy_(gradient)
+            buffer.copy_(gradient)
         self.backward_graph.replay()
-        return self.gradients
+        return tuple(None if gradient is None else gradient.clone() for gradient in self.gradients)
 
 
 class _Replayed(torch.autograd.Function):
     """A forward replay of a [`CapturedTraining`], whose backward is the captured backward pass. The parameters are
-    arguments so that autograd connects the outputs to them."""
+    arguments so that autograd connects the outputs to them, and saved so that autograd refuses the backward pass
+    after they changed in place, as for an eager pass."""
 
     @staticmethod
     def forward(ctx, captured: CapturedTraining, *parameters: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.captured = captured
+        ctx.save_for_backward(*parameters)
         ctx.replay, outputs = captured.replay_forward()
         return outputs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *output_gradients: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        ctx.saved_tensors  # noqa: B018 -- raises where a parameter changed in place since the forward replay
         return None, *ctx.captured.replay_backward(ctx.replay, output_gradients)
+
+
+def _refused(model: nn.Module) -> bool:
+    """Whether `model` runs work around its passes that a graph would not replay, or drop: a wrapper (DDP, FSDP,
+    DeepSpeed), hooks or a forward patched on an instance (accelerate's mixed precision and device maps), a compiled
+    forward (whose guards would stop running), or gradient checkpointing (which draws and restores random states
+    inside the backward pass)."""
+    if isinstance(getattr(model, "module", None), nn.Module):
+        return True
+    if type(model).__module__.startswith(("torch.nn.parallel", "torch.distributed")):
+        return True
+    if getattr(model, "_compiled_call_impl", None) is not None:
+        return True
+    global_hooks = (nn.modules.module._global_forward_hooks, nn.modules.module._global_forward_pre_hooks)
+    if any(global_hooks) or nn.modules.module._global_backward_hooks:
+        return True
+    return any(
+        "forward" in vars(module)
+        or any(getattr(module, hooks, None) for hooks in _HOOKS)
+        or getattr(module, "gradient_checkpointing", False)
+        or type(module).__module__.startswith("torch.distributed")
+        for module in model.modules()
+    )
 
 
 def graphed_training_call(
@@ -154,20 +190,18 @@ def graphed_training_call(
     `function(**inputs)` (a tuple of tensors that depend on `model`'s trainable parameters) replayed, with its backward
     pass, as the CUDA graphs of `model` for these shapes and `settings`; or None where the caller runs it eagerly:
     [`use_training_graphs`] off, gradients off, not on one CUDA device, the first call of a key, a call a graph cannot
-    hold, or a model that a graph must not hold: a wrapper (DDP and FSDP act in hooks around each pass), a model with
-    gradient checkpointing, or a call under autocast (whose cache of cast weights does not survive the capture).
+    hold (or that does not fit in memory), inputs that require grad, or a model that a graph must not hold (see
+    [`_refused`]), or a call under autocast (whose cache of cast weights does not survive the capture).
     """
     if not _TRAINING_GRAPHS["enabled"] or not torch.is_grad_enabled() or torch.is_autocast_enabled("cuda"):
         return None
-    if any(getattr(module, "gradient_checkpointing", False) for module in model.modules()):
-        return None  # recomputes its forward inside the backward pass
-    if type(model).__module__.startswith(("torch.nn.parallel", "torch.distributed")) or "forward" in vars(model):
-        return None  # a wrapper, or a forward patched on the instance (accelerate's mixed precision)
-    if any(tensor.requires_grad for tensor in inputs.values()):
+    if _refused(model) or any(tensor.requires_grad for tensor in inputs.values()):
         return None
-    trainable = tuple(parameter.requires_grad for parameter in model.parameters())
-    if not any(trainable):
+    parameters = list(model.parameters())
+    if not any(parameter.requires_grad for parameter in parameters):
         return None
+    # the parameters' objects too: gradients go to the objects captured, even where new ones share their storage
+    trainable = tuple((id(parameter), parameter.requires_grad) for parameter in parameters)
     key = graph_key(model, inputs, ("training", *settings, trainable))
     graph = None if key is None else _captured(model, key, lambda: CapturedTraining(model, function, inputs))
     return None if graph is None else graph(inputs)

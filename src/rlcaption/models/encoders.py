@@ -521,4 +521,6 @@ class MixedPrecisionLSTM(nn.LSTM):
             is_last = layer == self.num_layers - 1
             # nn.LSTM's dropout between layers, in training mode only
             layer_input = layer_hidden if is_last else F.dropout(layer_hidden, self.dropout, self.training)
+        if self.num_layers == 1:  # a view, where stacking one layer would copy it: a kernel less per token
+            return layer_input, (next_hidden[0].unsqueeze(0), next_cell[0].unsqueeze(0))
         return layer_input, (torch.stack(next_hidden), torch.stack(next_cell))

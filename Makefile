@@ -47,8 +47,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_shapes.py
 	$(BIN)/python benchmarks/bench_rollouts.py
 
-# On a machine with a GPU: a CUDA build of torch, e.g. `make gpu-check TORCH_SPEC=torch` in a fresh clone.
+# On a machine with a GPU: a CUDA build of torch, e.g. `make gpu-check TORCH_SPEC=torch` in a fresh clone. The CUDA
+# tests first, then the check.
 gpu-check: $(STAMP)
+	$(BIN)/python -m pytest -q tests/trainer/test_cuda.py
 	$(BIN)/python benchmarks/gpu_check.py
 
 clean:

@@ -20,3 +20,11 @@ def two_process_shapes(cache_dir: str, num_validation: int = 4):
 
 def make_tiny_model(processor, seed: int = 0, dropout: float = 0.0):
     return make_show_tell(processor, IMAGE_SIZE, seed=seed, dropout=dropout)
+
+
+def leave_process_group(trainer) -> None:
+    """Every process waits for the others, then leaves the process group, as the recipes end: a process that exits
+    still in a gloo group may be aborted as the interpreter shuts down ("terminate called without an active
+    exception")."""
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()

@@ -15,7 +15,7 @@ from pathlib import Path
 import critic_objective  # noqa: F401  (registers test_critic, an objective with an auxiliary network)
 from fsdp_on_cpu import shard_cpu_processes_with_fsdp
 from kill_at_step import KillAtStep
-from tiny_training import make_tiny_model, two_process_shapes
+from tiny_training import leave_process_group, make_tiny_model, two_process_shapes
 from torch.distributed.tensor import DTensor
 
 from rlcaption.models import PolicyValueCaptioner, SpeakerListener
@@ -127,6 +127,7 @@ def main(output_dir: str, cache_dir: str, objective: str, kill_at_step: int, sav
         else [],
     }
     Path(output_dir, f"rank{trainer.accelerator.process_index}.json").write_text(json.dumps(report))
+    leave_process_group(trainer)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
-from tiny_training import make_tiny_model, two_process_shapes
+from tiny_training import leave_process_group, make_tiny_model, two_process_shapes
 
 from rlcaption.objectives import XEObjective, register_objective
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
@@ -55,6 +55,7 @@ def main(output_dir: str, cache_dir: str) -> None:
         "eval_logs": sum("eval_CIDEr" in entry for entry in history),
     }
     Path(output_dir, f"rank{trainer.accelerator.process_index}.json").write_text(json.dumps(report))
+    leave_process_group(trainer)
 
 
 if __name__ == "__main__":

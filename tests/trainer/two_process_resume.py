@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from critic_objective import GroupNovelty
 from kill_at_step import KillAtStep
-from tiny_training import make_tiny_model, two_process_shapes
+from tiny_training import leave_process_group, make_tiny_model, two_process_shapes
 
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer, last_complete_checkpoint
 
@@ -49,6 +49,7 @@ def main(output_dir: str, cache_dir: str, kill_at_step: int) -> None:
         "group_sizes": trainer.reward_mix.funcs[0].calls[:1],
     }
     Path(output_dir, f"rank{trainer.accelerator.process_index}.json").write_text(json.dumps(report))
+    leave_process_group(trainer)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import torch
-from tiny_training import make_tiny_model, two_process_shapes
+from tiny_training import leave_process_group, make_tiny_model, two_process_shapes
 
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 
@@ -48,6 +48,7 @@ def main(output_dir: str, cache_dir: str) -> None:
     }
     rank = trainer.accelerator.process_index
     Path(output_dir, f"rank{rank}.json").write_text(json.dumps(report))
+    leave_process_group(trainer)
 
 
 if __name__ == "__main__":

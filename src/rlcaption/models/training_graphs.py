@@ -16,7 +16,7 @@ This follows `torch.cuda.make_graphed_callables`, with three differences that an
 - autograd's own checks hold: a backward pass that would read activations gone (after a later replay, or a second
   backward pass of the same replay) raises, as does one after the parameters were changed in place.
 
-Off by default until measured on more GPUs: [`use_training_graphs`] turns it on.
+Off by default until it has been checked and measured on a GPU: [`use_training_graphs`] turns it on.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from torch import nn
 
 from .step_decoding import _captured, graph_key
 
+__all__ = ["CapturedTraining", "graphed_training_call", "use_training_graphs"]
+
 # Operations that act around a module's passes, outside what a graph replays.
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
-__all__ = ["CapturedTraining", "graphed_training_call", "use_training_graphs"]
 
 _TRAINING_GRAPHS = {"enabled": False}
 

@@ -170,14 +170,16 @@ class CapturedCall:
         generator_state = torch.cuda.get_rng_state(device)
         side_stream = torch.cuda.Stream(device)
         side_stream.wait_stream(torch.cuda.current_stream(device))
+        # the caller's stream is restored even where the capture fails midway (torch.cuda.graph leaves its own stream
+        # current when ending a broken capture raises)
         with torch.cuda.stream(side_stream), autocast:
             function(**self.inputs)  # warm-up, as capture requires: lazy initialisations and a first run's allocations
+            torch.cuda.set_rng_state(generator_state, device)  # the first replay draws what an eager call would draw
+            self.graph = torch.cuda.CUDAGraph()
+            # thread-local: a data loader's pin-memory thread allocating during the capture must not break it
+            with torch.cuda.graph(self.graph, stream=side_stream, capture_error_mode="thread_local"):
+                self.output = function(**self.inputs)
         torch.cuda.current_stream(device).wait_stream(side_stream)
-        torch.cuda.set_rng_state(generator_state, device)  # the first replay draws what an eager call would draw
-        self.graph = torch.cuda.CUDAGraph()
-        # thread-local: a data loader's pin-memory thread allocating during the capture must not break it
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), autocast:
-            self.output = function(**self.inputs)
 
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         with torch.cuda.device(self.device):

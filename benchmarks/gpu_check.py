@@ -19,8 +19,8 @@ random weights and a `BlipProcessor` built here.
    (`rlcaption.models.training_graphs`, off by default); with `--reward-processes N` once more, with the CIDEr-D
    reward computed in N worker processes.
 3. Throughput. Images per second of the `ShowTellRL` SCST step as the batch grows: close to linear until the device
-   is busy, flat once it is. Here only XE and SCST (CUDA graphs, rewards in process) are interleaved, so their ratio
-   is also read away from the other variants' steps.
+   is busy, flat once it is. Here only XE and SCST (CUDA graphs, rewards in process; on a GPU also SCST with its
+   scoring pass as graphs) are interleaved, so their ratio is also read away from the other variants' steps.
 
 Targets (ratios from this one run): ShowTellRL SCST <= 1.5x XE at 128 x 5, spider_pg <= 2x SCST; BLIP-base-size bf16
 SCST <= 2.5x XE at 32 x 5. They are printed beside the measurements, not enforced.
@@ -459,19 +459,23 @@ def budget_table(rows: list[dict[str, Any]]) -> str:
 
 
 def curve_table(rows: list[dict[str, Any]]) -> str:
-    first = rows[0]["scst"]["images_per_second"] / rows[0]["images"]
+    # each variant's scaling is measured from its own smallest batch
+    first = {}
+    for row in rows:
+        first.setdefault(row["model"], row["scst"]["images_per_second"] / row["images"])
     table = [
         [
+            row["model"],
             str(row["images"]),
             f"{row['xe']['ms']:.1f}",
             f"{row['scst']['ms']:.1f}",
             f"{row['scst']['ms'] / row['xe']['ms']:.2f}x",
             f"{row['scst']['images_per_second']:.0f}",
-            f"{row['scst']['images_per_second'] / (first * row['images']):.2f}",
+            f"{row['scst']['images_per_second'] / (first[row['model']] * row['images']):.2f}",
         ]  # fmt: skip
-        for row in rows
+        for row in sorted(rows, key=lambda row: row["model"])
     ]
-    headers = ["images", "XE step ms", "SCST step ms", "SCST / XE", "SCST images / s", "of linear scaling"]
+    headers = ["model", "images", "XE step ms", "SCST step ms", "SCST / XE", "SCST images / s", "of linear scaling"]
     return markdown_table(headers, table)
 
 
@@ -497,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         help="Also time the ShowTellRL steps with their rewards in this many worker processes.",
     )  # fmt: skip
     parser.add_argument(
-        "--profile", type=Path, help="Also profile one ShowTellRL XE and SCST step (and BLIP's SCST) into this file."
+        "--profile",
+        type=Path,
+        help="Profile one ShowTellRL XE and SCST step (on a GPU also with training graphs; BLIP's SCST) to this file.",
     )
     parser.add_argument("--output", type=Path, default=Path("runs/benchmarks/gpu_check.json"))
     args = parser.parse_args(argv)
@@ -557,11 +563,12 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         report("budget", budget, budget_table(budget[-len(sizes["blip"]) :]))
     if sizes["curve"]:
+        curve_variants = [Variant()] + [variant for variant in variants if variant.training_graphs]
         curve = step_budget(
             "ShowTellRL (XE warm start)", show_tell, ("xe", "scst"), sizes["curve"], device, False, shapes,
-            args.warmup, args.repeats, scratch, [Variant()],
+            args.warmup, args.repeats, scratch, curve_variants,
         )  # fmt: skip
-        title = "ShowTellRL throughput, XE and SCST alone (5 samples per image):"
+        title = "ShowTellRL throughput, XE and SCST alone (5 samples per image; on a GPU, also with training graphs):"
         report("curve", curve, f"{title}\n\n{curve_table(curve)}")
     if args.profile:
         # XE beside SCST: what an SCST step adds to the host's work, launch for launch
@@ -569,12 +576,18 @@ def main(argv: list[str] | None = None) -> int:
             ("ShowTellRL", show_tell, max(sizes["show_tell"]), False, objective) for objective in ("xe", "scst")
         ]
         profiled += [] if args.skip_blip else [("BLIP", blip, max(sizes["blip"]), True, "scst")]
+        if device.type == "cuda":
+            profiled += [("ShowTellRL, scoring pass as graphs", show_tell, max(sizes["show_tell"]), False, "scst")]
         sections = []
         for model_name, build, batch_size, bf16, objective in profiled:
             model, processor = build()
             trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
             title = f"# {model_name} {objective.upper()} step, {batch_size} images"
-            sections.append(f"{title}\n\n{profile_step(trainer)}")
+            use_training_graphs("graphs" in model_name)
+            try:
+                sections.append(f"{title}\n\n{profile_step(trainer)}")
+            finally:
+                use_training_graphs(False)
         args.profile.parent.mkdir(parents=True, exist_ok=True)
         args.profile.write_text("\n\n".join(sections))
         print(f"Profiles of one XE and SCST step: {args.profile}")

@@ -58,8 +58,10 @@ class OperatorCount(TorchDispatchMode):
         self.counts: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        functions = {frame.name for frame in traceback.extract_stack()}
-        functions |= {"ShowTellRL.forward"} if _in_show_tell_forward() else set()
+        stack = traceback.extract_stack()
+        functions = {frame.name for frame in stack}
+        if any(frame.name == "forward" and frame.filename.endswith("modeling_show_tell_rl.py") for frame in stack):
+            functions.add("ShowTellRL.forward")
         part = next((part for part, names in PARTS.items() if functions & names), "other")
         self.counts[part, "operators"] += 1
         self.counts[part, "kernels"] += not _launches_no_kernel(func)
@@ -69,13 +71,6 @@ class OperatorCount(TorchDispatchMode):
 def _launches_no_kernel(func) -> bool:
     """Views (and the unsafe views and splits that autograd uses) only make a tensor header on the host."""
     return func.is_view or func.overloadpacket.__name__.startswith(("_unsafe_view", "unsafe_"))
-
-
-def _in_show_tell_forward() -> bool:
-    return any(
-        frame.name == "forward" and frame.filename.endswith("modeling_show_tell_rl.py")
-        for frame in traceback.extract_stack()
-    )
 
 
 def count_step(trainer) -> collections.Counter[str]:

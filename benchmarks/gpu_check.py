@@ -573,17 +573,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         # XE beside SCST: what an SCST step adds to the host's work, launch for launch
         profiled = [
-            ("ShowTellRL", show_tell, max(sizes["show_tell"]), False, objective) for objective in ("xe", "scst")
+            ("ShowTellRL", show_tell, max(sizes["show_tell"]), False, objective, False) for objective in ("xe", "scst")
         ]
-        profiled += [] if args.skip_blip else [("BLIP", blip, max(sizes["blip"]), True, "scst")]
+        profiled += [] if args.skip_blip else [("BLIP", blip, max(sizes["blip"]), True, "scst", False)]
         if device.type == "cuda":
-            profiled += [("ShowTellRL, scoring pass as graphs", show_tell, max(sizes["show_tell"]), False, "scst")]
+            show_tell_size = max(sizes["show_tell"])
+            profiled += [("ShowTellRL, scoring pass as graphs", show_tell, show_tell_size, False, "scst", True)]
         sections = []
-        for model_name, build, batch_size, bf16, objective in profiled:
+        for model_name, build, batch_size, bf16, objective, training_graphs in profiled:
             model, processor = build()
             trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
             title = f"# {model_name} {objective.upper()} step, {batch_size} images"
-            use_training_graphs("graphs" in model_name)
+            use_training_graphs(training_graphs)
             try:
                 sections.append(f"{title}\n\n{profile_step(trainer)}")
             finally:

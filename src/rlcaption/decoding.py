@@ -326,9 +326,9 @@ def _sample_scores(
     image_index: torch.LongTensor | None = None,
     **image_inputs: torch.Tensor,
 ) -> tuple[torch.FloatTensor, ...]:
-    logits = caption_logits(model, image_inputs, sequences, image_index=image_index)  # (N, T-1, V)
     if not with_entropies:
-        return (selective_log_softmax(logits, sequences[:, 1:]),)
+        return (token_log_probs(model, image_inputs, sequences, image_index=image_index),)
+    logits = caption_logits(model, image_inputs, sequences, image_index=image_index)  # (N, T-1, V)
     log_probs = F.log_softmax(logits.float(), dim=-1)  # (N, T-1, V)
     sampled = log_probs.gather(-1, sequences[:, 1:].to(logits.device).unsqueeze(-1)).squeeze(-1)  # (N, T-1)
     # words of probability 0 (ruled out with logit -inf or the lowest finite one, or underflowing) add 0 to the

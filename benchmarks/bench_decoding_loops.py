@@ -104,11 +104,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def decode_in_loop(captioner: Captioner, inputs, config: GenerationConfig, cuda_graphs: bool) -> torch.Tensor:
-    use_cuda_graphs(cuda_graphs)
-    try:
+    with use_cuda_graphs(cuda_graphs):
         return captioner.generate(inputs, config)
-    finally:
-        use_cuda_graphs(True)
 
 
 def compare(captioner: Captioner, inputs, config: GenerationConfig, args) -> tuple[list[float], tuple[float, float]]:

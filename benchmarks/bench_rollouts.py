@@ -144,11 +144,8 @@ def main() -> None:
         # captured as a CUDA graph (at its second call) and replayed
 
         def kept(cuda_graphs: bool) -> Rollouts:
-            use_cuda_graphs(cuda_graphs)
-            try:
+            with use_cuda_graphs(cuda_graphs):
                 return sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs)
-            finally:
-                use_cuda_graphs(True)
 
         kept_rollouts = [kept(False), kept(True), kept(True)]
         # the share of rollouts that the batched loops (dropping and keeping finished rows, the latter step by step

@@ -336,16 +336,11 @@ class StepTimer:
     def _timed_step(self, seed: int) -> float:
         self.trainer.model.load_state_dict(self.initial)
         torch.manual_seed(seed)
-        use_cuda_graphs(self.variant.cuda_graphs)
-        use_training_graphs(self.variant.training_graphs)
-        try:
+        with use_cuda_graphs(self.variant.cuda_graphs), use_training_graphs(self.variant.training_graphs):
             synchronize(self.device)
             start = time.perf_counter()
             optimizer_step(self.trainer, self.batch)
             synchronize(self.device)
-        finally:
-            use_cuda_graphs(True)
-            use_training_graphs(False)
         return time.perf_counter() - start
 
     def summary(self, batch_size: int) -> dict[str, float]:
@@ -584,11 +579,8 @@ def main(argv: list[str] | None = None) -> int:
             model, processor = build()
             trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
             title = f"# {model_name} {objective.upper()} step, {batch_size} images"
-            use_training_graphs(training_graphs)
-            try:
+            with use_training_graphs(training_graphs):
                 sections.append(f"{title}\n\n{profile_step(trainer)}")
-            finally:
-                use_training_graphs(False)
         args.profile.parent.mkdir(parents=True, exist_ok=True)
         args.profile.write_text("\n\n".join(sections))
         print(f"Profiles of one XE and SCST step: {args.profile}")

@@ -4,7 +4,7 @@ themselves run on a GPU only (tests/trainer/test_cuda.py); here a stand-in recor
 import pytest
 from torch import nn
 
-from rlcaption.models import step_decoding
+from rlcaption.models import step_decoding, training_graphs
 
 
 @pytest.fixture
@@ -58,3 +58,26 @@ def test_a_call_that_cannot_be_captured_runs_eagerly_from_then_on():
 
     assert [step_decoding._captured(model, "shape", capture) for _ in range(4)] == [None] * 4
     assert len(attempts) == 1
+
+
+@pytest.mark.parametrize(
+    ("use", "switch"),
+    [
+        (step_decoding.use_cuda_graphs, step_decoding._CUDA_GRAPHS),
+        (training_graphs.use_training_graphs, training_graphs._TRAINING_GRAPHS),
+    ],
+    ids=["cuda_graphs", "training_graphs"],
+)
+def test_a_graph_switch_is_set_by_its_call_and_set_back_after_a_with_block(use, switch, monkeypatch):
+    monkeypatch.setitem(switch, "enabled", True)
+    use(False)  # a plain call keeps its setting
+    assert switch["enabled"] is False
+    with use(True):
+        assert switch["enabled"] is True
+        with use(False):
+            assert switch["enabled"] is False
+        assert switch["enabled"] is True  # the value before the inner block, not a default
+    assert switch["enabled"] is False
+    with pytest.raises(KeyError), use(True):
+        raise KeyError("a failure inside the block")
+    assert switch["enabled"] is False

@@ -98,9 +98,8 @@ def test_replayed_scoring_passes_give_the_eager_scores_and_accumulate_the_eager_
     # gradients accumulate over the steps (no zero_grad), as over a gradient accumulation's micro-batches
     for seed in range(4):
         graphed_scores = scored_loss(graphed, seed, entropies)
-        training_graphs.use_training_graphs(False)
-        eager_scores = scored_loss(eager, seed, entropies)
-        training_graphs.use_training_graphs(True)
+        with training_graphs.use_training_graphs(False):
+            eager_scores = scored_loss(eager, seed, entropies)
         for graphed_score, eager_score in zip(graphed_scores, eager_scores, strict=True):
             torch.testing.assert_close(graphed_score, eager_score)
         for (name, parameter), reference in zip(graphed.named_parameters(), eager.parameters(), strict=True):

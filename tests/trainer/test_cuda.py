@@ -201,11 +201,8 @@ def test_rollouts_replayed_as_a_graph_are_those_of_the_step_by_step_loop(tmp_pat
     rollouts = []
     # step by step, then with graphs: the first call runs eagerly, the second captures and replays, the third replays
     for cuda_graphs in (False, True, True, True):
-        step_decoding.use_cuda_graphs(cuda_graphs)
-        try:
+        with step_decoding.use_cuda_graphs(cuda_graphs):
             rollouts.append(sample_rollouts(model, inputs, sequences, mask, **common).sequences)
-        finally:
-            step_decoding.use_cuda_graphs(True)
     assert len(step_decoding._CAPTURED_CALLS[model]) == 1
     # the graph's loop, run eagerly on the same padded rows: the same rollouts, token for token
     with monkeypatch.context() as patch:
@@ -266,11 +263,8 @@ def test_scoring_passes_replayed_as_graphs_give_the_eager_scores_and_gradients(t
         advantages = torch.linspace(-1, 1, sequences.shape[0], device="cuda")[:, None]
         scores = {}
         for model, on in ((graphed, True), (eager, False)):
-            training_graphs.use_training_graphs(on)
-            try:
+            with training_graphs.use_training_graphs(on):
                 scored = score(model, image_inputs, sequences, image_index)
-            finally:
-                training_graphs.use_training_graphs(False)
             scored = scored if entropies else (scored,)
             sum((value * advantages).sum() for value in scored).backward()
             scores[on] = [value.detach() for value in scored]
@@ -300,11 +294,8 @@ def test_scst_trains_alike_with_its_scoring_pass_replayed_as_a_graph(
             "scst", {"entropy_bonus_weight": 0.01}, "show_tell_attention", tiny_processor, tiny_shapes,
             tmp_path / str(on), reward_clip, embedding_model, use_cpu=False, max_steps=4,
         )  # fmt: skip
-        training_graphs.use_training_graphs(on)
-        try:
+        with training_graphs.use_training_graphs(on):
             trainer.train()
-        finally:
-            training_graphs.use_training_graphs(False)
         weights[on] = {name: tensor.detach().clone() for name, tensor in trainer.model.named_parameters()}
         if on:
             captured = step_decoding._CAPTURED_CALLS[trainer.model].values()

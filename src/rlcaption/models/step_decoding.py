@@ -34,6 +34,7 @@ from transformers.utils import logging
 
 __all__ = [
     "CapturedCall",
+    "SwitchChange",
     "captures_graphs_on",
     "check_decodes_plainly",
     "decode_steps",
@@ -303,11 +304,28 @@ def _decoding_from(
 _CUDA_GRAPHS = {"enabled": True}
 
 
-def use_cuda_graphs(enabled: bool) -> None:
+class SwitchChange:
+    """A module-wide switch set at once, by [`use_cuda_graphs`] or
+    [`rlcaption.models.training_graphs.use_training_graphs`]; used as a context manager, the switch is set back to
+    what it was when the block ends, however it ends (as with `torch.set_grad_enabled`)."""
+
+    def __init__(self, switch: dict[str, bool], enabled: bool):
+        self.switch, self.previous = switch, switch["enabled"]
+        switch["enabled"] = enabled
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exception) -> None:
+        self.switch["enabled"] = self.previous
+
+
+def use_cuda_graphs(enabled: bool) -> SwitchChange:
     """Whether [`decode_steps`] (the decoding loops) and [`graphed_call`] (also `spider_pg`'s rollouts) capture their
-    loops on CUDA devices as CUDA graphs (the default), e.g. to compare with running them step by step. Graphs
-    captured already are kept for when they are used again; they are freed with their model."""
-    _CUDA_GRAPHS["enabled"] = enabled
+    loops on CUDA devices as CUDA graphs (the default), e.g. to compare with running them step by step; for a block
+    only as `with use_cuda_graphs(False): ...`. Graphs captured already are kept for when they are used again; they
+    are freed with their model."""
+    return SwitchChange(_CUDA_GRAPHS, enabled)
 
 
 def captures_graphs_on(device: torch.device) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from .step_decoding import _captured, graph_key
+from .step_decoding import SwitchChange, _captured, graph_key
 
 __all__ = ["CapturedTraining", "graphed_training_call", "use_training_graphs"]
 
@@ -38,10 +38,10 @@ _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_
 _TRAINING_GRAPHS = {"enabled": False}
 
 
-def use_training_graphs(enabled: bool) -> None:
+def use_training_graphs(enabled: bool) -> SwitchChange:
     """Whether [`graphed_training_call`] replays differentiable calls (the RL objectives' scoring of their samples)
-    as CUDA graphs on CUDA devices. Off by default."""
-    _TRAINING_GRAPHS["enabled"] = enabled
+    as CUDA graphs on CUDA devices. Off by default; for a block only as `with use_training_graphs(True): ...`."""
+    return SwitchChange(_TRAINING_GRAPHS, enabled)
 
 
 class CapturedTraining:

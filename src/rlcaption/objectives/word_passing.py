@@ -184,7 +184,7 @@ def decode_with_word_passing(
         else:
             inputs = soft_word_embeddings(words, model.word_embeddings)
     # up to the longest caption's end, as if every step had asked (one wait for the device)
-    num_steps = int(torch.stack([column[3] for column in steps]).sum(dim=0).max())
+    num_steps = int(torch.stack([alive for _, _, _, alive, _, _ in steps]).sum(dim=0).max())
     words, probabilities, token_ids, alive, log_probs, soft = (
         torch.stack(column[:num_steps], dim=1) for column in zip(*steps, strict=True)
     )

@@ -10,7 +10,7 @@ setup(
     package_dir={"": "src"},
     packages=find_packages("src"),
     include_package_data=True,
-    package_data={"rlcaption.templates": ["*.md"]},
+    package_data={"rlcaption.hub.templates": ["*.md"]},
     python_requires=">=3.10",
     install_requires=[
         # torch is not pinned here: `make` installs a tested build first (CPU wheel by default)

@@ -1,5 +1,5 @@
 """BLIP's teacher-forced scoring of several captions per image, side by side in one run: each image's cross-attention
-keys and values projected once for its captions (`rlcaption.models.blip_decoding.blip_caption_logits`, what RL
+keys and values projected once for its captions (`rlcaption.generation.blip_decoding.blip_caption_logits`, what RL
 training runs) against the text decoder's forward on the image features repeated per caption.
 
     python benchmarks/bench_blip_scoring.py [--device cuda] [--bf16] [--images 4 16] [--captions-per-image 6]
@@ -19,7 +19,7 @@ import time
 import torch
 from gpu_check import make_blip, synchronize
 
-from rlcaption.models.blip_decoding import blip_caption_logits
+from rlcaption.generation.blip_decoding import blip_caption_logits
 
 
 def repeated_logits(model, image_embeds, input_ids, captions_per_image: int) -> torch.Tensor:

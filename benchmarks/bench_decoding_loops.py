@@ -1,4 +1,5 @@
-"""The decoding loops of rlcaption (`rlcaption.models.step_decoding`) against `generate()`, side by side in one run.
+"""The decoding loops of rlcaption (`rlcaption.generation.step_decoding`) against `generate()`, side by side in one
+run.
 
     python benchmarks/bench_decoding_loops.py [--device cuda] [--images 32 128 512] [--repeats 10]
     python benchmarks/bench_decoding_loops.py --captioner blip --blip-size base --bf16 --device cuda --images 16 32
@@ -29,10 +30,10 @@ from gpu_check import make_blip, share_of_same_rows, synchronize
 from transformers import GenerationConfig
 
 from rlcaption import CaptionProcessor, ShowTellRL
-from rlcaption.captioners import Captioner, captioner_for
 from rlcaption.data import load_shapes
-from rlcaption.decoding import evaluation_mode
-from rlcaption.models.step_decoding import use_cuda_graphs
+from rlcaption.generation.captioners import Captioner, captioner_for
+from rlcaption.generation.decoding import evaluation_mode
+from rlcaption.generation.step_decoding import use_cuda_graphs
 
 WARM_START = Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe"
 DECODINGS = {

@@ -27,7 +27,7 @@ from bench_reward_processes import time_scoring
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
-from rlcaption.decoding import caption_token_mask, generate_captions
+from rlcaption.generation.decoding import caption_token_mask, generate_captions
 from rlcaption.objectives.spider_pg import Rollouts, sample_rollouts
 from rlcaption.rewards import CiderReward, RewardMix
 

@@ -26,9 +26,9 @@ import torch
 from gpu_check import share_of_same_rows, synchronize
 
 from rlcaption.data import load_shapes
-from rlcaption.decoding import caption_token_mask, image_inputs_of
+from rlcaption.generation.decoding import caption_token_mask, image_inputs_of
+from rlcaption.generation.step_decoding import use_cuda_graphs
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
-from rlcaption.models.step_decoding import use_cuda_graphs
 from rlcaption.objectives.spider_pg import Rollouts, rollout_prefixes, sample_rollouts, sample_rollouts_per_prefix
 from rlcaption.processing import CaptionProcessor
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer

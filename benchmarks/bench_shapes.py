@@ -18,7 +18,7 @@ import time
 
 import datasets
 
-from rlcaption.data.shapes import load_shapes
+from rlcaption.shapes.dataset import load_shapes
 
 TARGET_GENERATION_SECONDS = 60.0
 

@@ -109,7 +109,7 @@ def clip_snippet(name: str) -> str:
     """The Python code that rescoring the shapes CLIP `rlcaption/<name>` takes; it leaves the recalls in `scores`."""
     return f"""import rlcaption  # registers ShapesCLIP with the Auto classes
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import most_specific_reference
+from rlcaption.shapes.dataset import most_specific_reference
 from rlcaption.metrics import clip_retrieval
 
 # the CLIPs' splits: 1,000 validation and 1,000 test images rendered at 64 px (the processor resizes them to 48)

@@ -21,8 +21,8 @@ import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import most_specific_reference
 from rlcaption.metrics import clip_s, embed_images, embed_texts, load_clip, retrieval_recall
+from rlcaption.shapes.dataset import most_specific_reference
 
 
 def _embeddings(model_name: str, images, texts: list[str]):

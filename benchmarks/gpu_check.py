@@ -56,7 +56,7 @@ from transformers import (
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
-from rlcaption.models.step_decoding import use_cuda_graphs
+from rlcaption.generation.step_decoding import use_cuda_graphs
 from rlcaption.models.training_graphs import use_training_graphs
 from rlcaption.objectives import spider_pg as spider_pg_module
 from rlcaption.rewards import Pending

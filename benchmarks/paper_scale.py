@@ -66,7 +66,7 @@ import rlcaption.recipes  # noqa: F401
 import rlcaption.trainer  # noqa: F401
 from rlcaption import cli
 from rlcaption.data import add_region_features, load_karpathy, open_region_features
-from rlcaption.data.shapes import describe_scene, generate_split_scenes, render_scene
+from rlcaption.shapes.dataset import describe_scene, generate_split_scenes, render_scene
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 EXAMPLES = REPOSITORY / "examples"

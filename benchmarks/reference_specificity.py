@@ -23,8 +23,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from rlcaption.data.shapes import COLORS, SHAPES, load_shapes, most_specific_reference
 from rlcaption.metrics import CiderD, DocumentFrequencies, compute_cider_d, normalize_caption
+from rlcaption.shapes.dataset import COLORS, SHAPES, load_shapes, most_specific_reference
 
 _OBJECT_WORDS = set(COLORS) | {"grey"} | set(SHAPES)
 

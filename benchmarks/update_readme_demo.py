@@ -10,7 +10,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from rlcaption.demo_report import readme_with_demo_block
+from rlcaption.shapes.demo_report import readme_with_demo_block
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 PICTURE = "docs/demo_captions.png"

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments
 
-from rlcaption.clip_model_card import render_clip_model_card
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import COLORS, SHAPES, SIZES, most_specific_reference
 from rlcaption.metrics.clip import clip_retrieval
 from rlcaption.models import ShapesCLIPConfig, ShapesCLIPModel
 from rlcaption.processing import CaptionProcessor
+from rlcaption.shapes.clip_model_card import render_clip_model_card
+from rlcaption.shapes.dataset import COLORS, SHAPES, SIZES, most_specific_reference
 
 # A small ViT for `--encoder_type backbone` (its `image_size` is `--image_size`): 16x16 patches, 4 layers of width 128;
 # at 48 pixels, one patch per cell of the shapes' 3x3 grid.

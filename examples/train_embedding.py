@@ -45,7 +45,6 @@ import torch
 from huggingface_hub import ModelCard, ModelCardData, create_repo
 from transformers import AutoModelForImageTextToText, AutoProcessor, HfArgumentParser
 
-from rlcaption.clip_model_card import retrieval_eval_results
 from rlcaption.data.collator import pad_regions
 from rlcaption.hub import HUB_CONNECTION_ERRORS, MODEL_CARD_TEMPLATE, parameter_count, publish_folder
 from rlcaption.metrics.clip import embed_images, embed_texts
@@ -60,6 +59,7 @@ from rlcaption.recipes import (
     new_image_encoder_fields,
 )
 from rlcaption.rewards.embedding import train_embedding_model
+from rlcaption.shapes.clip_model_card import retrieval_eval_results
 
 TEMPLATE = MODEL_CARD_TEMPLATE.parent / "visual_semantic_embedding_model_card.md"
 IMAGE_ENCODERS = ("captioner", "new")

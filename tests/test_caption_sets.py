@@ -5,8 +5,9 @@ import torch
 
 from rlcaption.data import load_shapes
 from rlcaption.evaluation import caption_set_generation_config, caption_set_scores, caption_sets
-from rlcaption.metrics import evaluate_captions, scene_grounding, set_diversity
+from rlcaption.metrics import evaluate_captions, set_diversity
 from rlcaption.processing import CaptionProcessor
+from rlcaption.shapes import scene_grounding
 from tiny_captioners import make_show_tell
 
 REFERENCES = {

@@ -14,9 +14,9 @@ import pytest
 from huggingface_hub import ModelCard
 
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import shapes_cache_path
-from rlcaption.demo import DemoSettings
 from rlcaption.recipes import RecipeArguments
+from rlcaption.shapes.dataset import shapes_cache_path
+from rlcaption.shapes.demo import DemoSettings
 from test_published_checkpoints import offline_hub_cache
 
 REPOSITORY = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ from PIL import Image
 
 from rlcaption.cli import main
 from rlcaption.data import load_shapes
-from rlcaption.decoding import generate_captions
 from rlcaption.evaluation import caption_set_scores, caption_sets
+from rlcaption.generation.decoding import generate_captions
 from rlcaption.models import PolicyValueCaptioner
 from rlcaption.processing import CaptionProcessor
 from tiny_captioners import make_show_tell

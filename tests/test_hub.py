@@ -115,7 +115,7 @@ def test_the_pipeline_of_the_card_s_task_captions_as_generate_does():
     from transformers.pipelines import SUPPORTED_TASKS
 
     from rlcaption.data import load_shapes
-    from rlcaption.decoding import generate_captions
+    from rlcaption.generation.decoding import generate_captions
     from rlcaption.inference import load_captioner
 
     checkpoint = str(Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe")

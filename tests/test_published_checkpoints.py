@@ -16,11 +16,11 @@ from safetensors.torch import load_file
 
 from rlcaption.cli import main as cli_main
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import most_specific_reference
 from rlcaption.evaluation import evaluate_model, listener_recall
 from rlcaption.models import PolicyValueCaptioner, ShowTellRL, SpeakerListener
 from rlcaption.processing import CaptionProcessor
 from rlcaption.rewards import get_reward
+from rlcaption.shapes.dataset import most_specific_reference
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 # name -> (what its card must say about how it was trained, the beams of its recipe's test decoding)

@@ -14,10 +14,10 @@ from huggingface_hub import ModelCard
 from transformers import AutoConfig, AutoModel, AutoProcessor
 
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import most_specific_reference
 from rlcaption.metrics import clip_retrieval, clip_score
 from rlcaption.models import ShapesCLIPModel
 from rlcaption.processing import CaptionProcessor
+from rlcaption.shapes.dataset import most_specific_reference
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("shapes-clip-reward", "shapes-clip-evaluator")

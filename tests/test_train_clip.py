@@ -12,8 +12,8 @@ from huggingface_hub import ModelCard
 from transformers import AutoModel, AutoProcessor
 
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import most_specific_reference
 from rlcaption.models import ShapesCLIPModel
+from rlcaption.shapes.dataset import most_specific_reference
 from test_recipes import EXAMPLES, load_recipe
 
 

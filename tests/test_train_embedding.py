@@ -16,10 +16,10 @@ from PIL import Image
 from transformers import AutoModel, ViTConfig, ViTModel
 
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import most_specific_reference
 from rlcaption.models import VisualSemanticEmbedding
 from rlcaption.processing import CaptionProcessor
 from rlcaption.rewards import get_reward
+from rlcaption.shapes.dataset import most_specific_reference
 from test_published_checkpoints import offline_hub_cache
 from test_recipes import EXAMPLES, load_recipe
 

@@ -164,7 +164,7 @@ def _configure_demo_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
+    from .shapes.demo import run_demo
 
     run_demo(output_dir=args.output_dir, quick=args.quick)
 

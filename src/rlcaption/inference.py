@@ -13,7 +13,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from . import models as _models  # noqa: F401  (registers our Auto classes)
 from .data.images import check_image_files, open_image
-from .decoding import generate_captions
+from .generation.decoding import generate_captions
 from .hub import check_pretrained_reference
 
 __all__ = ["caption_image_files", "list_image_files", "load_captioner"]

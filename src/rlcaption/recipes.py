@@ -29,7 +29,7 @@ from .hub import check_pretrained_reference, publish_folder, render_model_card
 from .models import ShowTellRL, ShowTellRLConfig
 from .processing import CaptionProcessor
 from .rewards import reward_reads_images
-from .scene_pretraining import pretrain_image_encoder_on_scenes
+from .shapes.scene_pretraining import pretrain_image_encoder_on_scenes
 from .trainer import RLCaptionConfig, RLCaptionTrainer
 from .trainer.rl_trainer import last_complete_checkpoint
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from .metrics.evaluation import AVAILABLE_METRICS, resolve_metric_names
+from .metrics.corpus import AVAILABLE_METRICS, resolve_metric_names
 from .rewards.registry import available_rewards
 
 __all__ = ["DIVERSITY_METRICS", "RLCaptionConfig", "register_objective_config", "split_eval_metrics"]

@@ -6,8 +6,8 @@ import torch
 from PIL import Image
 from transformers import TrOCRProcessor, ViTImageProcessorPil
 
-from rlcaption.captioners import CaptionTokens, captioner_for
 from rlcaption.data import CaptionCollator
+from rlcaption.generation.captioners import CaptionTokens, captioner_for
 from rlcaption.processing import CaptionProcessor
 from tiny_captioners import FOREIGN_CAPTIONERS, make_bert_tokenizer, make_foreign_captioner, make_gpt2_tokenizer
 

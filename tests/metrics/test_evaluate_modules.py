@@ -8,9 +8,9 @@ import evaluate
 import pytest
 
 from metric_fixtures import load_fakecap
-from rlcaption.metrics import evaluation
+from rlcaption.metrics import corpus
 from rlcaption.metrics.cider import DocumentFrequencies
-from rlcaption.metrics.evaluation import EVALUATE_MODULES, evaluate_captions, load_metric
+from rlcaption.metrics.corpus import EVALUATE_MODULES, evaluate_captions, load_metric
 from rlcaption.metrics.tokenization import normalize_caption
 
 
@@ -69,7 +69,7 @@ def test_spice_module_raises_instead_of_substituting(monkeypatch):
     def spice_unavailable():
         raise RuntimeError("SPICE needs the Stanford CoreNLP 3.6.0 jars")
 
-    monkeypatch.setattr(evaluation, "check_spice", spice_unavailable)
+    monkeypatch.setattr(corpus, "check_spice", spice_unavailable)
     for name in ("spice", "spider"):
         with pytest.raises(RuntimeError, match="CoreNLP"):
             load_metric(name).compute(predictions=["a cat"], references=[["a cat"]])

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metric_fixtures import load_fakecap
-from rlcaption.metrics import evaluation
+from rlcaption.metrics import corpus as corpus_metrics
 from rlcaption.metrics.bleu import compute_bleu
 from rlcaption.metrics.cider import DocumentFrequencies, compute_cider_d
-from rlcaption.metrics.evaluation import evaluate_captions, resolve_metric_names, tokenize_captions
+from rlcaption.metrics.corpus import evaluate_captions, resolve_metric_names, tokenize_captions
 from rlcaption.metrics.rouge import compute_rouge_l
 from rlcaption.metrics.tokenization import normalize_caption
 
@@ -84,8 +84,8 @@ def test_java_metric_that_cannot_run_fails_before_any_scoring(monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("scoring started although SPICE cannot run")
 
-    monkeypatch.setattr(evaluation, "check_spice", spice_unavailable)
-    monkeypatch.setattr(evaluation, "compute_bleu", must_not_run)
+    monkeypatch.setattr(corpus_metrics, "check_spice", spice_unavailable)
+    monkeypatch.setattr(corpus_metrics, "compute_bleu", must_not_run)
     with pytest.raises(RuntimeError, match="CoreNLP"):
         evaluate_captions({1: "a cat"}, {1: ["a cat"]}, metrics=["bleu", "spice"])
     with pytest.raises(RuntimeError, match="CoreNLP"):
@@ -100,9 +100,9 @@ def unavailable(message):
 
 
 def test_default_metrics_without_java_run_the_others_and_say_what_was_skipped(monkeypatch, caplog):
-    monkeypatch.setattr(evaluation, "check_java", unavailable("No Java runtime found"))
-    monkeypatch.setattr(evaluation, "check_spice", unavailable("No Java runtime found"))
-    with caplog.at_level(logging.WARNING, logger="rlcaption.metrics.evaluation"):
+    monkeypatch.setattr(corpus_metrics, "check_java", unavailable("No Java runtime found"))
+    monkeypatch.setattr(corpus_metrics, "check_spice", unavailable("No Java runtime found"))
+    with caplog.at_level(logging.WARNING, logger="rlcaption.metrics.corpus"):
         scores = evaluate_captions({1: "a cat on a mat"}, {1: ["a cat on a mat", "a cat"]})
     assert list(scores) == ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
     assert list(scores.skipped) == ["meteor", "spice", "spider"]
@@ -113,10 +113,10 @@ def test_default_metrics_without_java_run_the_others_and_say_what_was_skipped(mo
 
 
 def test_default_metrics_with_java_but_without_the_spice_jars_still_run_meteor(monkeypatch):
-    monkeypatch.setattr(evaluation, "check_java", lambda minimum: minimum)
-    monkeypatch.setattr(evaluation, "check_spice", unavailable("SPICE needs the Stanford CoreNLP 3.6.0 jars"))
+    monkeypatch.setattr(corpus_metrics, "check_java", lambda minimum: minimum)
+    monkeypatch.setattr(corpus_metrics, "check_spice", unavailable("SPICE needs the Stanford CoreNLP 3.6.0 jars"))
     monkeypatch.setattr(
-        evaluation, "compute_meteor", lambda predictions, references: (0.5, dict.fromkeys(predictions, 0.5))
+        corpus_metrics, "compute_meteor", lambda predictions, references: (0.5, dict.fromkeys(predictions, 0.5))
     )
     scores = evaluate_captions({1: "a cat"}, {1: ["a cat"]})
     assert scores["METEOR"] == 0.5 and "SPICE" not in scores and "SPIDEr" not in scores
@@ -125,15 +125,15 @@ def test_default_metrics_with_java_but_without_the_spice_jars_still_run_meteor(m
 
 
 def test_requested_java_metrics_that_cannot_run_still_raise(monkeypatch):
-    monkeypatch.setattr(evaluation, "check_java", unavailable("No Java runtime found"))
+    monkeypatch.setattr(corpus_metrics, "check_java", unavailable("No Java runtime found"))
     with pytest.raises(RuntimeError, match="No Java runtime found"):
         evaluate_captions({1: "a cat"}, {1: ["a cat"]}, metrics=["bleu", "meteor"])
 
 
 def test_spider_is_the_mean_of_cider_and_spice_only_when_spice_ran(monkeypatch):
     fake_spice = {1: 0.25, 2: 0.75}
-    monkeypatch.setattr(evaluation, "check_spice", lambda: [])
-    monkeypatch.setattr(evaluation, "compute_spice", lambda predictions, references: (0.5, dict(fake_spice)))
+    monkeypatch.setattr(corpus_metrics, "check_spice", lambda: [])
+    monkeypatch.setattr(corpus_metrics, "compute_spice", lambda predictions, references: (0.5, dict(fake_spice)))
     predictions = {1: "a cat on a mat", 2: "a dog in a park"}
     references = {1: ["a cat sits on a mat", "a cat"], 2: ["a dog runs in the park", "dogs"]}
     corpus, per_caption = evaluate_captions(predictions, references, metrics=["spider"], per_caption=True)
@@ -204,8 +204,8 @@ def test_meteor_gets_the_tokenized_captions(monkeypatch):
         received.update(predictions=predictions, references=references)
         return 0.3, dict.fromkeys(predictions, 0.3)
 
-    monkeypatch.setattr(evaluation, "check_java", lambda minimum: 17)
-    monkeypatch.setattr(evaluation, "compute_meteor", fake_meteor)
+    monkeypatch.setattr(corpus_metrics, "check_java", lambda minimum: 17)
+    monkeypatch.setattr(corpus_metrics, "compute_meteor", fake_meteor)
     scores = evaluate_captions({1: "A cat, on a mat."}, {1: ["A cat (sitting)."]}, metrics=["meteor"])
     assert scores == {"METEOR": 0.3}
     assert received == {"predictions": {1: "a cat on a mat"}, "references": {1: ["a cat -lrb- sitting -rrb-"]}}

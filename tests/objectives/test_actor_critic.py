@@ -7,7 +7,7 @@ import torch
 from test_policy_gradient import samples_padded_to_the_token_budget
 from transformers import TrainerCallback
 
-from rlcaption.decoding import caption_token_mask
+from rlcaption.generation.decoding import caption_token_mask
 from rlcaption.models import PolicyValueCaptioner
 from rlcaption.objectives.actor_critic import (
     actor_critic_losses,

@@ -13,7 +13,7 @@ import torch
 from transformers import GenerationConfig, TrainerState
 
 from rlcaption.data import CaptionCollator
-from rlcaption.decoding import generate_captions
+from rlcaption.generation.decoding import generate_captions
 from rlcaption.models import PolicyValueCaptioner, SpeakerListener
 from rlcaption.objectives import (
     ActorCriticConfig,

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from rlcaption import decoding
-from rlcaption.decoding import (
+from rlcaption.generation import decoding
+from rlcaption.generation.decoding import (
     caption_logits,
     caption_token_mask,
     sample_token_log_probs,

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rlcaption.decoding import caption_token_mask, sample_token_log_probs
+from rlcaption.generation.decoding import caption_token_mask, sample_token_log_probs
 from rlcaption.metrics.diversity import pairwise_caption_distances
 from rlcaption.objectives import policy_gradient_loss, sequence_level_exploration_loss
 from rlcaption.objectives.sle import sequence_level_exploration_advantages

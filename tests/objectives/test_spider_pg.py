@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from rlcaption.decoding import caption_token_mask, generate_captions
+from rlcaption.generation.decoding import caption_token_mask, generate_captions
 from rlcaption.objectives import spider_pg as spider_pg_module
 from rlcaption.objectives.spider_pg import (
     Rollouts,

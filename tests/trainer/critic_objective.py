@@ -6,7 +6,7 @@ learning rate, a pretraining phase for it, and a set-level reward. Importing thi
 import torch
 from torch import nn
 
-from rlcaption.decoding import caption_token_mask, image_inputs_of, selective_log_softmax
+from rlcaption.generation.decoding import caption_token_mask, image_inputs_of, selective_log_softmax
 from rlcaption.objectives import (
     AuxiliaryNetwork,
     CaptionObjective,

@@ -3,7 +3,6 @@ there: test_recurrent_training_mode.py)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -17,19 +16,17 @@ from objective_steps import case_id, make_step_trainer
 from transformers import BlipForConditionalGeneration
 
 from rlcaption import CaptionProcessor, ShowTellRL
-from rlcaption.captioners import captioner_for
 from rlcaption.data import load_shapes
-from rlcaption.decoding import (
+from rlcaption.generation import step_decoding
+from rlcaption.generation.blip_decoding import decode_blip
+from rlcaption.generation.captioners import captioner_for
+from rlcaption.generation.decoding import (
     GeneratedCaptions,
     caption_token_mask,
     evaluation_mode,
     generate_captions,
-    sample_token_log_probs,
-    sample_token_log_probs_and_entropies,
 )
-from rlcaption.models import step_decoding, training_graphs
-from rlcaption.models.blip_decoding import decode_blip
-from rlcaption.models.recurrent_decoding import decode_recurrent
+from rlcaption.generation.recurrent_decoding import decode_recurrent
 from rlcaption.objectives import spider_pg
 from rlcaption.objectives.base import reward_tensor, to_device_without_waiting
 from rlcaption.objectives.spider_pg import sample_rollouts
@@ -234,71 +231,3 @@ def test_host_values_are_copied_to_the_gpu_without_waiting_for_the_queued_work()
     assert copied.device.type == "cuda" and copied.dtype == torch.float64
     torch.testing.assert_close(copied.cpu(), values, rtol=0, atol=0)  # behind the queued work, in stream order
     assert torch.isfinite(matrix).all()
-
-
-def sampled_for_scoring(model, image_inputs, seed: int) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """Two decodings of every image, padded to the token budget as an RL step scores them, and their image rows."""
-    config = captioner_for(model).complete_generation_config(DECODING_SETTINGS["pure sampling"])
-    torch.manual_seed(seed)
-    with evaluation_mode(model):
-        samples = [decode_recurrent(model, image_inputs, config, trim=False) for _ in range(2)]
-    per_image = config.num_return_sequences or 1
-    rows = torch.arange(samples[0].shape[0] // per_image, device="cuda").repeat_interleave(per_image)
-    return torch.cat(samples), rows.repeat(2)
-
-
-@pytest.mark.parametrize("entropies", [False, True], ids=["log_probs", "with_entropies"])
-@pytest.mark.parametrize("kind", ["attention", "sequence_lstm"])
-def test_scoring_passes_replayed_as_graphs_give_the_eager_scores_and_gradients(tmp_path, kind, entropies):
-    if kind == "attention":  # the warm start: attention over the CNN's grid, an LSTM cell per position
-        _, image_inputs = warm_start_inputs(tmp_path)
-        graphed = ShowTellRL.from_pretrained(WARM_START).cuda()
-    else:  # cuDNN's sequence LSTM, over region features with padded regions
-        graphed = regions_show_tell(image_attention=False).cuda()
-        image_inputs = {"image_features": torch.randn(8, 4, 6).cuda(), "image_feature_mask": REGION_MASK.cuda()}
-    score = sample_token_log_probs_and_entropies if entropies else sample_token_log_probs
-    eager = copy.deepcopy(graphed)
-    for step in range(5):
-        sequences, image_index = sampled_for_scoring(graphed, image_inputs, seed=step)
-        advantages = torch.linspace(-1, 1, sequences.shape[0], device="cuda")[:, None]
-        scores = {}
-        for model, on in ((graphed, True), (eager, False)):
-            with training_graphs.use_training_graphs(on):
-                scored = score(model, image_inputs, sequences, image_index)
-            scored = scored if entropies else (scored,)
-            sum((value * advantages).sum() for value in scored).backward()
-            scores[on] = [value.detach() for value in scored]
-        for graphed_score, eager_score in zip(scores[True], scores[False], strict=True):
-            torch.testing.assert_close(graphed_score, eager_score, rtol=1e-5, atol=1e-5)
-        for (name, parameter), reference in zip(graphed.named_parameters(), eager.parameters(), strict=True):
-            if reference.grad is not None:
-                torch.testing.assert_close(parameter.grad, reference.grad, rtol=1e-4, atol=1e-5, msg=name)
-        if step % 2 == 1:  # gradients accumulate over two steps, then an update in place, as an optimizer makes
-            with torch.no_grad():
-                for parameter in graphed.parameters():
-                    if parameter.grad is not None:
-                        parameter.sub_(0.1 * parameter.grad)
-            eager.load_state_dict(graphed.state_dict())  # the same weights: rounding differences do not add up
-            for model in (graphed, eager):
-                model.zero_grad(set_to_none=True)
-    captured = step_decoding._CAPTURED_CALLS[graphed].values()
-    assert any(isinstance(graph, training_graphs.CapturedTraining) for graph in captured)
-
-
-def test_scst_trains_alike_with_its_scoring_pass_replayed_as_a_graph(
-    tiny_processor, tiny_shapes, reward_clip, embedding_model, tmp_path
-):
-    weights = {}
-    for on in (False, True):
-        trainer = make_step_trainer(
-            "scst", {"entropy_bonus_weight": 0.01}, "show_tell_attention", tiny_processor, tiny_shapes,
-            tmp_path / str(on), reward_clip, embedding_model, use_cpu=False, max_steps=4,
-        )  # fmt: skip
-        with training_graphs.use_training_graphs(on):
-            trainer.train()
-        weights[on] = {name: tensor.detach().clone() for name, tensor in trainer.model.named_parameters()}
-        if on:
-            captured = step_decoding._CAPTURED_CALLS[trainer.model].values()
-            assert any(isinstance(graph, training_graphs.CapturedTraining) for graph in captured)
-    for name, tensor in weights[True].items():
-        torch.testing.assert_close(tensor, weights[False][name], rtol=1e-4, atol=1e-5, msg=name)

@@ -18,8 +18,8 @@ from transformers import TrainerCallback
 READS_ALLOWED = {
     "rlcaption/trainer/rl_trainer.py:training_step": "the loss's check, once a step, before the optimizer step",
     # decoding step by step, as on the CPU; a GPU replays these loops as CUDA graphs, which read nothing
-    "rlcaption/models/step_decoding.py:_decode_steps": "whether every caption has ended, every few tokens",
-    "rlcaption/models/step_decoding.py:_trim_after_last_end": "the longest caption's end (a graph's are not trimmed)",
+    "rlcaption/generation/step_decoding.py:_decode_steps": "whether every caption has ended, every few tokens",
+    "rlcaption/generation/step_decoding.py:_trim_after_last_end": "the longest caption's end (graphs' are untrimmed)",
     "rlcaption/objectives/spider_pg.py:_steps_dropping_finished_rows": "the rollouts still running",
     "rlcaption/models/show_tell_rl/state_show_tell_rl.py:select": "the rollouts' states still running",
     "rlcaption/objectives/spider_pg.py:rollout_prefixes": "how many rollouts the samples' lengths need",
@@ -49,8 +49,8 @@ READS_ALLOWED = {
 # what the steps of XE, SCST and SLE may read: on a GPU, where decoding replays as graphs, the loss's check and,
 # for XE, the padding's layout
 DECODING_ON_THE_HOST = {
-    "rlcaption/models/step_decoding.py:_decode_steps",
-    "rlcaption/models/step_decoding.py:_trim_after_last_end",
+    "rlcaption/generation/step_decoding.py:_decode_steps",
+    "rlcaption/generation/step_decoding.py:_trim_after_last_end",
 }
 CHECK_ONLY = {
     "rlcaption/trainer/rl_trainer.py:training_step",

@@ -16,7 +16,7 @@ import torch
 from objective_steps import CASES, case_id, make_step_trainer
 from torch import nn
 
-from rlcaption.decoding import RECURRENT_MODULES, evaluation_mode
+from rlcaption.generation.decoding import RECURRENT_MODULES, evaluation_mode
 
 
 @contextlib.contextmanager

@@ -12,8 +12,8 @@ from tiny_training import IMAGE_SIZE, make_tiny_model
 from transformers import GenerationConfig
 
 from rlcaption.data import CaptionCollator
-from rlcaption.decoding import generate_captions
 from rlcaption.evaluation import caption_set_scores, caption_sets
+from rlcaption.generation.decoding import generate_captions
 from rlcaption.metrics import clip_retrieval, clip_score, load_clip, self_bleu, set_diversity
 from rlcaption.metrics.tokenization import normalize_caption
 from rlcaption.trainer import RLCaptionConfig

@@ -9,7 +9,7 @@ import torch
 from tiny_training import IMAGE_SIZE, make_tiny_model
 from torch import nn
 
-from rlcaption.decoding import forward_through, image_inputs_of
+from rlcaption.generation.decoding import forward_through, image_inputs_of
 from rlcaption.models.captions import soft_word_embeddings
 from rlcaption.objectives import AuxiliaryNetwork, CaptionObjective, register_objective
 from rlcaption.objectives.word_passing import decode_with_word_passing

@@ -1,6 +1,7 @@
 """Datasets: the embedded synthetic shapes dataset, COCO / Flickr loaders, image handling, feature extraction,
 released region features."""
 
+from ..shapes.dataset import load_shapes
 from .coco import load_caption_imagefolder, load_coco, load_karpathy
 from .collator import CaptionCollator
 from .features import extract_features
@@ -8,7 +9,6 @@ from .image_checks import check_dataset_images
 from .images import check_image_files, convert_to_rgb, find_undecodable_images, open_image
 from .loading import load_caption_dataset
 from .regions import BottomUpTSVRegions, RegionFeatureFolder, add_region_features, open_region_features
-from .shapes import load_shapes
 
 __all__ = [
     "BottomUpTSVRegions",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..captioners import CaptionTokens
+from ..generation.captioners import CaptionTokens
 
 __all__ = ["CaptionCollator", "pad_regions"]
 
@@ -246,7 +246,7 @@ def _tokenizer_caption_tokens(tokenizer: Any) -> CaptionTokens:
             f"{type(tokenizer).__name__} has no {'bos' if bos is None else 'eos'} token, so references would be "
             "tokenized without a start or end token and a model trained on them would never end its captions. "
             "Pass the model's tokens: `CaptionCollator(processor, caption_tokens=captioner_for(model).tokens)` "
-            "(`rlcaption.captioners.captioner_for`; RLCaptionTrainer does this)."
+            "(`rlcaption.generation.captioners.captioner_for`; RLCaptionTrainer does this)."
         )
     pad = tokenizer.pad_token_id
     return CaptionTokens(start_token_id=bos, end_token_id=eos, pad_token_id=eos if pad is None else pad)

@@ -38,8 +38,8 @@ from transformers import AutoImageProcessor, AutoModel
 
 from ..hub import check_pretrained_reference
 from ..models.encoders import POOLING_MODES, pool_image_features
+from ..shapes.dataset import load_shapes, save_dataset_atomically
 from .images import convert_to_rgb
-from .shapes import load_shapes, save_dataset_atomically
 
 __all__ = [
     "configure_extract_features_parser",

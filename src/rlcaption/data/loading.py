@@ -8,9 +8,9 @@ from typing import Any
 
 import datasets
 
+from ..shapes.dataset import load_shapes
 from .coco import load_caption_imagefolder
 from .image_checks import check_dataset_images
-from .shapes import load_shapes
 
 __all__ = ["load_caption_dataset"]
 

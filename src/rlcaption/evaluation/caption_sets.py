@@ -14,8 +14,9 @@ from torch.utils.data import DataLoader
 from transformers import GenerationConfig
 
 from ..data.collator import CaptionCollator
-from ..decoding import generate_captions, image_inputs_of
-from ..metrics import evaluate_captions, scene_grounding, set_diversity
+from ..generation.decoding import generate_captions, image_inputs_of
+from ..metrics import evaluate_captions, set_diversity
+from ..shapes import scene_grounding
 from .captions import check_image_ids, with_image_ids
 
 __all__ = [

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from transformers import GenerationConfig
 
 from ..data.collator import CaptionCollator
-from ..decoding import generate_captions, image_inputs_of
+from ..generation.decoding import generate_captions, image_inputs_of
 
 __all__ = [
     "caption_batches",

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from transformers import GenerationConfig
 
 from ..data.collator import CaptionCollator
-from ..decoding import generate_captions, image_inputs_of
+from ..generation.decoding import generate_captions, image_inputs_of
 from ..metrics import clip_retrieval, evaluate_captions
 from ..metrics.retrieval import retrieval_recall
 from ..models.speaker_listener import SpeakerListener

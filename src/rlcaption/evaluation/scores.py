@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..metrics import clip_retrieval, clip_score, evaluate_captions, scene_grounding, self_bleu, set_diversity
+from ..metrics import clip_retrieval, clip_score, evaluate_captions, self_bleu, set_diversity
 from ..metrics.tokenization import normalize_caption
+from ..shapes import scene_grounding
 from .captions import caption_dataset
 
 __all__ = [
@@ -26,7 +27,7 @@ _SET_DIVERSITY_KEYS = {"div_1": "Div-1", "div_2": "Div-2", "mbleu_4": "mBLEU-4"}
 
 def scene_grounding_scores(predictions: Mapping[Any, str], dataset) -> dict[str, float]:
     """
-    [`rlcaption.metrics.scene_grounding`] of captions keyed by `image_id` against the `scene` column of `dataset`
+    [`rlcaption.shapes.scene_grounding`] of captions keyed by `image_id` against the `scene` column of `dataset`
     (the embedded shapes dataset has one); `{}` when `dataset` has no `scene` column.
 
     Raises:

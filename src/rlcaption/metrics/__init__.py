@@ -4,8 +4,8 @@
 could not run here); every metric is also a plain function on tokenized captions (`compute_bleu`, `compute_rouge_l`,
 `compute_cider_d`, `compute_meteor`, `compute_spice`) returning the corpus score and the per-image scores, and an
 `evaluate` module (`load_metric`). Diversity (`div_n`, `mbleu`,
-`self_bleu`, ...) and retrieval recall (`retrieval_recall`) sit beside them, as does the scene grounding of
-shapes captions (`scene_grounding`, `parse_shapes_caption`), which reads the vocabulary of `rlcaption.data.shapes`.
+`self_bleu`, ...) and retrieval recall (`retrieval_recall`) sit beside them. The scene grounding of
+shapes captions is the shapes benchmark's (`rlcaption.shapes.scene_grounding`).
 The CLIP metrics (`clip_score`, `clip_retrieval`: CLIP-S and retrieval with any CLIP) import torch and transformers
 only when they are called.
 """
@@ -13,8 +13,7 @@ only when they are called.
 from .bleu import compute_bleu, corpus_bleu_statistics
 from .cider import CiderD, DocumentFrequencies, compute_cider_d
 from .clip import CLIP_S_WEIGHT, clip_retrieval, clip_s, clip_score, embed_images, embed_texts, load_clip
-from .diversity import copy_rate, div_n, mbleu, self_bleu, set_diversity, vocabulary_size
-from .evaluation import (
+from .corpus import (
     AVAILABLE_METRICS,
     EVALUATE_MODULES,
     CaptionScores,
@@ -22,11 +21,11 @@ from .evaluation import (
     load_metric,
     tokenize_captions,
 )
+from .diversity import copy_rate, div_n, mbleu, self_bleu, set_diversity, vocabulary_size
 from .java import check_java, find_java, pycocoevalcap_dir
 from .meteor import MeteorScorer, compute_meteor
 from .retrieval import retrieval_recall
 from .rouge import compute_rouge_l
-from .scene import SCENE_GROUNDING_KEYS, ground_caption, parse_shapes_caption, scene_grounding
 from .spice import check_spice, compute_spice, download_spice
 from .tokenization import PUNCTUATIONS, normalize_caption, tokenize_caption, tokenize_corpus
 
@@ -35,7 +34,6 @@ __all__ = [
     "CLIP_S_WEIGHT",
     "EVALUATE_MODULES",
     "PUNCTUATIONS",
-    "SCENE_GROUNDING_KEYS",
     "CaptionScores",
     "CiderD",
     "DocumentFrequencies",
@@ -58,15 +56,12 @@ __all__ = [
     "embed_texts",
     "evaluate_captions",
     "find_java",
-    "ground_caption",
     "load_clip",
     "load_metric",
     "mbleu",
     "normalize_caption",
-    "parse_shapes_caption",
     "pycocoevalcap_dir",
     "retrieval_recall",
-    "scene_grounding",
     "self_bleu",
     "set_diversity",
     "tokenize_caption",

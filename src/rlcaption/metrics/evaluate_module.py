@@ -1,4 +1,4 @@
-"""The base class of the package's `evaluate` metric modules (`rlcaption/evaluate_modules/`).
+"""The base class of the package's `evaluate` metric modules (`rlcaption/metrics/evaluate_modules/`).
 
 Each module file subclasses [`CaptionMetricModule`] with its metric names and texts; this class turns `evaluate`'s
 `compute(predictions=..., references=...)` into one [`evaluate_captions`] call. Module files must import this module,
@@ -10,7 +10,7 @@ from __future__ import annotations
 import datasets
 import evaluate
 
-from .evaluation import evaluate_captions
+from .corpus import evaluate_captions
 
 __all__ = ["CaptionMetricModule"]
 

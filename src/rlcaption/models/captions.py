@@ -39,7 +39,7 @@ def soft_word_embeddings(words: torch.Tensor, embedding_matrix: torch.Tensor | n
         `torch.FloatTensor` of shape `(..., embedding_size)`, in the dtype of the embedding matrix.
 
     An `nn.Embedding` sharded by FSDP2 embeds through its method `soft_words` where it has one (see
-    `rlcaption.captioners.gather_parameters_in_methods`), which gathers the matrix for the product.
+    `rlcaption.generation.captioners.gather_parameters_in_methods`), which gathers the matrix for the product.
     """
     if isinstance(embedding_matrix, nn.Embedding):
         if "soft_words" in embedding_matrix.__dict__:

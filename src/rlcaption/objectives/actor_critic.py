@@ -25,7 +25,8 @@ the policy's advantages read `v(s_0) .. v(s_{n−1})`, and lookahead decoding (`
 scores an extension by the end token with the value of the complete caption.
 
 Each step samples `num_samples_per_image` captions per image from the current policy in evaluation mode and scores
-them in evaluation mode too, as `scst` does (see `rlcaption.decoding`), so the gradient is that of the sampling policy.
+them in evaluation mode too, as `scst` does (see `rlcaption.generation.decoding`), so the gradient is that of the
+sampling policy.
 
 The value network is the objective's auxiliary network `value` (own learning rate `value_learning_rate`, its own
 parameter group, synchronised across processes, saved in every checkpoint and restored on resume). As `psst` does
@@ -44,8 +45,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..decoding import caption_token_mask, evaluation_mode, image_inputs_of, sample_token_log_probs
 from ..evaluation import with_image_ids
+from ..generation.decoding import caption_token_mask, evaluation_mode, image_inputs_of, sample_token_log_probs
 from ..models.policy_value import PolicyValueCaptioner
 from ..rl_config import RLCaptionConfig
 from .base import (

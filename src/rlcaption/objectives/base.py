@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import TrainerState
 
-from ..decoding import GeneratedCaptions
+from ..generation.decoding import GeneratedCaptions
 from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig, register_objective_config
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..decoding import GeneratedCaptions, image_inputs_of
+from ..generation.decoding import GeneratedCaptions, image_inputs_of
 from ..rewards.processes import Pending
 from .base import TrainerInterface
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..decoding import evaluation_mode, forward_through, image_inputs_of
+from ..generation.decoding import evaluation_mode, forward_through, image_inputs_of
 from ..models.captions import soft_word_embeddings
 from ..models.speaker_listener import SpeakerListener
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..decoding import (
+from ..generation.decoding import (
     caption_token_mask,
     image_inputs_of,
     sample_token_log_probs,
@@ -65,7 +65,7 @@ def mean_token_entropy(token_entropies: torch.Tensor, token_mask: torch.Tensor) 
 
     Args:
         token_entropies (`torch.FloatTensor` of shape `(N, T)`): entropy of the distribution each token was drawn
-            from (see [`rlcaption.decoding.sample_token_log_probs_and_entropies`]).
+            from (see [`rlcaption.generation.decoding.sample_token_log_probs_and_entropies`]).
         token_mask (`torch.FloatTensor` of shape `(N, T)`): 1 on the caption's tokens (end token included).
     """
     return token_entropies.masked_fill(token_mask == 0, 0.0).sum() / token_mask.sum().clamp(min=1.0)
@@ -102,8 +102,9 @@ class SCSTObjective(CaptionObjective):
         )
 
         # 2. the samples' log-probabilities under the distribution that sampled them (evaluation mode, no dropout: see
-        # rlcaption.decoding), with gradient, through the wrapped model; with the entropy bonus, also the entropies
-        # of the same forward pass. Queued before the texts are read for the rewards, which waits for the samples.
+        # rlcaption.generation.decoding), with gradient, through the wrapped model; with the entropy bonus, also the
+        # entropies of the same forward pass. Queued before the texts are read for the rewards, which waits for the
+        # samples.
         image_inputs = image_inputs_of(inputs)
         mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
         if args.entropy_bonus_weight == 0:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
+from ..generation.decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
 from ..metrics.diversity import PAIRWISE_DISTANCES, pairwise_caption_distances
 from .base import CaptionObjective, register_objective, reward_tensor
 from .policy_gradient import (

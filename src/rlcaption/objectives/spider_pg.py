@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessorList
 
-from ..decoding import (
+from ..generation.decoding import (
     GeneratedCaptions,
     caption_token_mask,
     evaluation_mode,
@@ -43,8 +43,7 @@ from ..decoding import (
     repeat_image_inputs,
     selective_log_softmax,
 )
-from ..models.show_tell_rl import CACHE_NAME
-from ..models.step_decoding import (
+from ..generation.step_decoding import (
     STEPS_BETWEEN_END_CHECKS,
     captures_graphs_on,
     graphed_call,
@@ -52,6 +51,7 @@ from ..models.step_decoding import (
     split_state,
     state_with,
 )
+from ..models.show_tell_rl import CACHE_NAME
 from ..rewards.processes import Pending
 from ..rl_config import RLCaptionConfig
 from .base import (

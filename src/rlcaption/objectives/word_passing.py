@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from ..generation.step_decoding import STEPS_BETWEEN_END_CHECKS
 from ..models.captions import soft_word_embeddings
-from ..models.step_decoding import STEPS_BETWEEN_END_CHECKS
 
 if TYPE_CHECKING:
     from ..models.show_tell_rl import ShowTellRL

@@ -41,8 +41,8 @@ Choices where the paper leaves a detail open:
   (`xe_captions_per_image=1` tokenizes one); the paper's batches are image-caption pairs. Its text for the CLIP is its
   token ids decoded as generated captions are, so that D cannot tell human from generated captions by casing or
   punctuation the captioner's tokenizer drops, and `r(x_gt)` scores the very sequence whose likelihood it weights.
-- Log-probabilities: of `x_bs` in evaluation mode, as it was decoded (see `rlcaption.decoding`); of `x_gt` in the
-  model's training mode, with dropout, as teacher forcing computes them (it was not drawn from the policy).
+- Log-probabilities: of `x_bs` in evaluation mode, as it was decoded (see `rlcaption.generation.decoding`); of `x_gt`
+  in the model's training mode, with dropout, as teacher forcing computes them (it was not drawn from the policy).
 - D is the objective's auxiliary network `discriminator` (own learning rate `discriminator_learning_rate`, saved in
   checkpoints, synchronised across processes). With `discriminator_pretraining_steps`, training opens with a phase
   where D alone learns to tell the ground truth (label 1) from the beam-search captions of the fixed policy (label
@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decoding import caption_token_mask, image_inputs_of, sample_token_log_probs, token_log_probs
+from ..generation.decoding import caption_token_mask, image_inputs_of, sample_token_log_probs, token_log_probs
 from ..rewards.contrastive import ContrastiveReward, ContrastiveRewards
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective, to_device_without_waiting
@@ -367,8 +367,8 @@ class WTFObjective(CaptionObjective):
     discriminator updates, logged reward parts), so that their logs compare; they differ only in the trajectories
     their loss weighs.
 
-    Works with every captioner of [`rlcaption.captioners`]: it needs only `generate()` and the log-probabilities of
-    given captions.
+    Works with every captioner of [`rlcaption.generation.captioners`]: it needs only `generate()` and the
+    log-probabilities of given captions.
     """
 
     name = "wtf"

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decoding import caption_logits, image_inputs_of
+from ..generation.decoding import caption_logits, image_inputs_of
 from .base import CaptionObjective, register_objective
 
 __all__ = ["XEObjective", "label_smoothed_cross_entropy"]

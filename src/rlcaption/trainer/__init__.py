@@ -1,6 +1,6 @@
 """The training configuration and trainer."""
 
-from ..decoding import forward_through
+from ..generation.decoding import forward_through
 from ..rl_config import RLCaptionConfig
 from .rl_trainer import AUXILIARY_NETWORKS_NAME, RLCaptionTrainer, last_complete_checkpoint
 

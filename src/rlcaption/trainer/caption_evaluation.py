@@ -21,7 +21,6 @@ from transformers import GenerationConfig
 from transformers.trainer_utils import PredictionOutput
 
 from ..data.collator import CaptionCollator
-from ..decoding import caption_logits, evaluation_mode, generate_captions, image_inputs_of
 from ..evaluation import (
     caption_set_batches,
     caption_set_prefix,
@@ -32,8 +31,9 @@ from ..evaluation import (
     scene_grounding_scores,
     with_image_ids,
 )
+from ..generation.decoding import caption_logits, evaluation_mode, generate_captions, image_inputs_of
 from ..metrics import check_java, check_spice, evaluate_captions, load_clip
-from ..metrics.evaluation import resolve_metric_names
+from ..metrics.corpus import resolve_metric_names
 from ..objectives.xe import label_smoothed_cross_entropy
 from ..rl_config import SET_DIVERSITY_METRICS, split_eval_metrics
 

@@ -19,9 +19,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from transformers.utils import logging
 
 from .. import objectives as _objectives  # noqa: F401  (registers the built-in objectives)
-from ..captioners import captioner_for, gather_parameters_in_methods
 from ..data.collator import CaptionCollator
-from ..decoding import GeneratedCaptions, generate_caption_sets, generate_captions
+from ..generation.captioners import captioner_for, gather_parameters_in_methods
+from ..generation.decoding import GeneratedCaptions, generate_caption_sets, generate_captions
 from ..hub import HUB_CONNECTION_ERRORS
 from ..objectives.base import AuxiliaryNetwork, get_objective_class
 from ..rewards import Pending, RewardMix, get_reward, is_group_reward, reward_parameters
@@ -478,7 +478,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         special token ids, so that RL samples from the policy it scores.
 
         With `trim=False`, the sequences may come `max_caption_length + 1` wide, from a decoding the device is still
-        running (see [`rlcaption.decoding.generate_caption_sets`]).
+        running (see [`rlcaption.generation.decoding.generate_caption_sets`]).
         """
         sampling = [self._sampling_config(num_return_sequences)]
         model, processor = self._generation_model(), self.processing_class

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor
 
 import rlcaption.auto  # noqa: F401  (registers the Auto classes)
-from rlcaption.captioners import captioner_for
+from rlcaption.generation.captioners import captioner_for
 from rlcaption.models import PolicyValueCaptioner, PolicyValueConfig, ShowTellRL, ShowTellRLConfig
 from rlcaption.models.encoders import MixedPrecisionLSTM
 from rlcaption.models.policy_value import ValueLookaheadLogitsProcessor

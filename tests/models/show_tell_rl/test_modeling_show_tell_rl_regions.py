@@ -4,7 +4,7 @@ forward pass, every decoding of `generate`, the recurrent state, Monte-Carlo rol
 import pytest
 import torch
 
-from rlcaption.decoding import caption_logits, image_inputs_of
+from rlcaption.generation.decoding import caption_logits, image_inputs_of
 from rlcaption.models.show_tell_rl import CACHE_NAME, ShowTellRL, ShowTellRLConfig
 from rlcaption.objectives.spider_pg import sample_rollouts, sample_rollouts_per_prefix
 from rlcaption.objectives.word_passing import decode_with_word_passing

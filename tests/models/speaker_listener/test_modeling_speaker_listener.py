@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, AutoProcessor
 
 import rlcaption.auto  # noqa: F401  (registers the Auto classes)
-from rlcaption.captioners import captioner_for
+from rlcaption.generation.captioners import captioner_for
 from rlcaption.models import ShowTellRL, ShowTellRLConfig, SpeakerListener, SpeakerListenerConfig
 from rlcaption.processing import CaptionProcessor
 

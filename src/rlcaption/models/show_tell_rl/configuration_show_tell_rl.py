@@ -47,7 +47,8 @@ class ShowTellRLConfig(PretrainedConfig):
             Keep the backbone's weights fixed (`"backbone"` encoder).
         freeze_image_encoder (`bool`, *optional*, defaults to `False`):
             Keep the `"cnn"` encoder's weights fixed, e.g. once pretrained on scene annotations
-            ([`rlcaption.scene_pretraining`]): saved with the model, so every later training (XE, RL) keeps it fixed.
+            ([`rlcaption.shapes.scene_pretraining`]): saved with the model, so every later training (XE, RL) keeps
+            it fixed.
         image_feature_size (`int`, *optional*):
             Width of precomputed `image_features` (`"features"` encoder).
         image_feature_layout (`str`, *optional*, defaults to `"pooled"`):

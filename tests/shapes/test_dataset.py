@@ -9,8 +9,8 @@ import datasets
 import numpy as np
 import pytest
 
-from rlcaption.data import shapes
-from rlcaption.data.shapes import COLORS, SHAPES, SceneObject, load_shapes, render_scene, shapes_cache_path
+from rlcaption.shapes import dataset as shapes
+from rlcaption.shapes.dataset import COLORS, SHAPES, SceneObject, load_shapes, render_scene, shapes_cache_path
 
 SPLITS = ("train", "validation", "test")
 CAPTION_PATTERN = re.compile(r"^[a-z]+( [a-z]+)*\.?$")

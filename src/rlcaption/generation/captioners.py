@@ -43,10 +43,10 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
-from .models.blip_decoding import blip_caption_logits, decode_blip
-from .models.captions import soft_word_embeddings
-from .models.recurrent_decoding import decode_recurrent
-from .models.step_decoding import decodes_plainly
+from ..models.captions import soft_word_embeddings
+from .blip_decoding import blip_caption_logits, decode_blip
+from .recurrent_decoding import decode_recurrent
+from .step_decoding import decodes_plainly
 
 __all__ = [
     "BlipCaptioner",
@@ -268,8 +268,8 @@ class Captioner:
     def _model_generate(self, image_inputs: dict[str, torch.Tensor], config: GenerationConfig) -> Any:
         return self.model.generate(**image_inputs, generation_config=config)
 
-    # Whether the family has a decoding loop of its own (`rlcaption.models.step_decoding`) for what RL decodes with:
-    # generate()'s captions without its per-token overhead.
+    # Whether the family has a decoding loop of its own (`rlcaption.generation.step_decoding`) for what RL decodes
+    # with: generate()'s captions without its per-token overhead.
     has_decoding_loop: ClassVar[bool] = False
 
     def _decodes_in_loop(self, config: GenerationConfig) -> bool:
@@ -294,7 +294,7 @@ class Captioner:
         encodes the images once for all of them (RL decodes samples, then a greedy baseline, of the same images).
 
         With `trim=False`, a decoding loop returns its sequences `max_new_tokens + 1` wide rather than cut after the
-        longest caption, which waits for the device (see [`rlcaption.models.step_decoding.decode_steps`]);
+        longest caption, which waits for the device (see [`rlcaption.generation.step_decoding.decode_steps`]);
         `generate()` always trims."""
         configs = [self.complete_generation_config(config) for config in generation_configs]
         if not all(self._decodes_in_loop(config) for config in configs):

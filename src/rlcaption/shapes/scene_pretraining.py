@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data.shapes import COLORS, GRID_CELLS, SHAPES, SIZES
+from .dataset import COLORS, GRID_CELLS, SHAPES, SIZES
 
 __all__ = ["pretrain_image_encoder_on_scenes", "scene_cell_labels"]
 

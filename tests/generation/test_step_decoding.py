@@ -4,7 +4,7 @@ themselves run on a GPU only (tests/trainer/test_cuda.py); here a stand-in recor
 import pytest
 from torch import nn
 
-from rlcaption.models import step_decoding, training_graphs
+from rlcaption.generation import step_decoding
 
 
 @pytest.fixture
@@ -60,15 +60,8 @@ def test_a_call_that_cannot_be_captured_runs_eagerly_from_then_on():
     assert len(attempts) == 1
 
 
-@pytest.mark.parametrize(
-    ("use", "switch"),
-    [
-        (step_decoding.use_cuda_graphs, step_decoding._CUDA_GRAPHS),
-        (training_graphs.use_training_graphs, training_graphs._TRAINING_GRAPHS),
-    ],
-    ids=["cuda_graphs", "training_graphs"],
-)
-def test_a_graph_switch_is_set_by_its_call_and_set_back_after_a_with_block(use, switch, monkeypatch):
+def test_a_graph_switch_is_set_by_its_call_and_set_back_after_a_with_block(monkeypatch):
+    use, switch = step_decoding.use_cuda_graphs, step_decoding._CUDA_GRAPHS
     monkeypatch.setitem(switch, "enabled", True)
     use(False)  # a plain call keeps its setting
     assert switch["enabled"] is False

@@ -2,8 +2,8 @@
 Decoding and scoring of captions: the one place where objectives, evaluation and scripts call `generate()` and
 compute log-probabilities of given captions ([`selective_log_softmax`] for logits already computed).
 
-Works with every captioner family of [`rlcaption.captioners`] (ShowTellRL, `VisionEncoderDecoderModel`, BLIP, GIT),
-which knows each family's special tokens, generation call and logits layout.
+Works with every captioner family of [`rlcaption.generation.captioners`] (ShowTellRL, `VisionEncoderDecoderModel`,
+BLIP, GIT), which knows each family's special tokens, generation call and logits layout.
 
 Sampling and scoring use the same network state. A policy gradient `(R(g) - b) grad log p(g | x)` is unbiased only
 when `p` is the distribution `g` was drawn from. [`generate_captions`] decodes in evaluation mode, and RL objectives
@@ -17,7 +17,6 @@ whose forward cuDNN cannot differentiate.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -27,9 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationConfig
 
+from ..models.captions import caption_token_mask
 from .captioners import captioner_for, forward_through
-from .models.captions import caption_token_mask
-from .models.training_graphs import graphed_training_call
 
 __all__ = [
     "IMAGE_INPUT_NAMES",
@@ -157,7 +155,7 @@ def generate_captions(
     Two ways to set the decoding:
     - `generation_config`: exactly these settings. The model's own generation config (a Hub checkpoint's repetition
       penalty, n-gram blocking, length limits, forced or banned tokens, ...) is ignored except for its special token
-      ids, see [`rlcaption.captioners.Captioner.generate`]. The trainer decodes this way.
+      ids, see [`rlcaption.generation.captioners.Captioner.generate`]. The trainer decodes this way.
     - `generation_kwargs`: `model.generate(**image_inputs, **generation_kwargs)`, on top of the model's own
       generation config, as for any transformers model (scripts and the command line caption this way).
 
@@ -198,7 +196,7 @@ def generate_caption_sets(
     captioners): what an RL step that samples and decodes a greedy baseline of the same images asks for.
 
     With `trim=False`, captioners with a decoding loop of their own return the sequences `max_new_tokens + 1` wide,
-    without waiting for the device to finish them (see [`rlcaption.models.step_decoding.decode_steps`]).
+    without waiting for the device to finish them (see [`rlcaption.generation.step_decoding.decode_steps`]).
     """
     with evaluation_mode(model):
         outputs = captioner_for(model).generate_several(image_inputs, generation_configs, trim)
@@ -278,9 +276,6 @@ def sample_token_log_probs(
     [`token_log_probs`] of captions sampled by [`generate_captions`], under the distribution that sampled them: in
     evaluation mode, as sampling (see the module docstring for why), with gradients. The model's mode is restored.
 
-    With [`rlcaption.models.training_graphs.use_training_graphs`] on, a CUDA device replays this pass and its backward
-    pass as CUDA graphs (from a batch shape's second call): differentiate each call before the next one.
-
     Returns:
         `torch.FloatTensor` of shape `(N, T - 1)`; mask it with [`caption_token_mask`].
     """
@@ -311,12 +306,9 @@ def _scored_samples(
     image_index: torch.LongTensor | None,
     with_entropies: bool,
 ) -> tuple[torch.FloatTensor, ...]:
-    """The samples' log-probabilities (and entropies) in evaluation mode, replayed as CUDA graphs where possible."""
-    inputs = {**image_inputs, "sequences": sequences} | ({} if image_index is None else {"image_index": image_index})
-    score = functools.partial(_sample_scores, model, with_entropies)
+    """The samples' log-probabilities (and entropies), in evaluation mode."""
     with evaluation_mode(model):
-        graphed = graphed_training_call(model, score, inputs, ("sample scores", with_entropies))
-        return score(**inputs) if graphed is None else graphed
+        return _sample_scores(model, with_entropies, sequences, image_index, **image_inputs)
 
 
 def _sample_scores(

@@ -17,16 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import load_shapes
-from .data.shapes import most_specific_reference
+from ..data import load_shapes
+from ..evaluation import caption_dataset, scene_grounding_scores
+from ..metrics import clip_retrieval, clip_score, evaluate_captions, load_clip
+from ..models import ShowTellRL
+from ..processing import CaptionProcessor
+from ..recipes import new_show_tell_rl, pretrain_on_scenes
+from ..trainer import RLCaptionConfig, RLCaptionTrainer
+from .dataset import most_specific_reference
 from .demo_report import caption_habits, distinct_scene_indices, idle_cores, results_markdown
-from .evaluation import caption_dataset, scene_grounding_scores
 from .gallery import save_caption_gallery
-from .metrics import clip_retrieval, clip_score, evaluate_captions, load_clip
-from .models import ShowTellRL
-from .processing import CaptionProcessor
-from .recipes import new_show_tell_rl, pretrain_on_scenes
-from .trainer import RLCaptionConfig, RLCaptionTrainer
 
 __all__ = ["DEFAULT_EVALUATOR_CLIP", "DemoSettings", "run_demo", "score_captioner"]
 

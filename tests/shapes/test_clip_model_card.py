@@ -3,7 +3,7 @@
 import pytest
 from huggingface_hub import ModelCard
 
-from rlcaption.clip_model_card import render_clip_model_card, retrieval_eval_results
+from rlcaption.shapes.clip_model_card import render_clip_model_card, retrieval_eval_results
 from tiny_clips import make_processor, make_shapes_clip
 
 SCORES = {"t2i_R@1": 0.875, "t2i_R@5": 0.99, "i2t_R@1": 0.8125}

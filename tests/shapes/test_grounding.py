@@ -8,18 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlcaption.data.shapes import _COLOR_WORDS, SHAPES, SceneObject, _relation, load_shapes, most_specific_reference
 from rlcaption.evaluation import caption_dataset, evaluate_model
-from rlcaption.metrics import (
-    EVALUATE_MODULES,
-    SCENE_GROUNDING_KEYS,
-    ground_caption,
-    load_metric,
-    parse_shapes_caption,
-    scene_grounding,
-)
-from rlcaption.metrics.scene import _VOCABULARY, CaptionGrounding, ObjectMention, relation_holds
+from rlcaption.metrics import EVALUATE_MODULES, load_metric
 from rlcaption.processing import CaptionProcessor
+from rlcaption.shapes import SCENE_GROUNDING_KEYS, ground_caption, parse_shapes_caption, scene_grounding
+from rlcaption.shapes.dataset import _COLOR_WORDS, SHAPES, SceneObject, _relation, load_shapes, most_specific_reference
+from rlcaption.shapes.grounding import _VOCABULARY, CaptionGrounding, ObjectMention, relation_holds
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_captioners import make_show_tell
 

@@ -2,7 +2,7 @@
 
 Every image of `rlcaption.data.load_shapes` comes with its `scene` (the objects' colour, shape, size and grid cell),
 so a caption can be checked against the truth instead of against other captions. `parse_shapes_caption` reads a
-caption with the dataset's own vocabulary and grammar (imported from `rlcaption.data.shapes`, never copied);
+caption with the dataset's own vocabulary and grammar (imported from `rlcaption.shapes.dataset`, never copied);
 `ground_caption` checks one parsed caption against its scene; `scene_grounding` pools a corpus:
 
 - object precision / recall / F1 on (colour, shape) pairs, the same on colour alone and on shape alone;
@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from numbers import Integral
 from typing import Any, TypeVar
 
-from ..data.shapes import (
+from ..metrics.tokenization import tokenize_caption
+from .dataset import (
     _COLOR_WORDS,
     _COUNT_WORDS,
     _GENERIC_ADJECTIVES,
@@ -64,7 +65,6 @@ from ..data.shapes import (
     SceneObject,
     _with_article,
 )
-from .tokenization import tokenize_caption
 
 __all__ = [
     "SCENE_GROUNDING_KEYS",
@@ -189,8 +189,8 @@ class ObjectMention:
     """One object a caption names.
 
     Args:
-        color (`str`): one of `rlcaption.data.shapes.COLORS` (`"grey"` is read as `"gray"`).
-        shape (`str`): one of `rlcaption.data.shapes.SHAPES`.
+        color (`str`): one of `rlcaption.shapes.dataset.COLORS` (`"grey"` is read as `"gray"`).
+        shape (`str`): one of `rlcaption.shapes.dataset.SHAPES`.
         size (`str`, *optional*): `"small"` or `"large"` (`"little"` and `"big"` are read as such); `None` when the
             caption states no size.
     """
@@ -550,7 +550,7 @@ def _scene_object(obj: Any, where: str) -> SceneObject:
     else:
         raise ValueError(
             f"{where} is {obj!r}; expected a mapping with keys {list(_SCENE_OBJECT_FIELDS)} (a row of the `scene` "
-            "column of rlcaption.data.load_shapes) or a rlcaption.data.shapes.SceneObject."
+            "column of rlcaption.data.load_shapes) or a rlcaption.shapes.dataset.SceneObject."
         )
     for name, allowed in (("shape", SHAPES), ("color", tuple(COLORS)), ("size", SIZES)):
         if values[name] not in allowed:
@@ -687,7 +687,7 @@ def scene_grounding(
 
     Example:
     ```python
-    >>> from rlcaption.metrics import scene_grounding
+    >>> from rlcaption.shapes import scene_grounding
     >>> scene = [
     ...     {"shape": "circle", "color": "red", "size": "small", "row": 0, "column": 0},
     ...     {"shape": "square", "color": "blue", "size": "large", "row": 1, "column": 2},

@@ -14,8 +14,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from rlcaption.captioners import captioner_for
-from rlcaption.decoding import (
+from rlcaption.generation.captioners import captioner_for
+from rlcaption.generation.decoding import (
     GeneratedCaptions,
     caption_logits,
     caption_token_mask,

@@ -2,7 +2,7 @@
 
 Load it offline from the installed package with `rlcaption.metrics.load_metric("scene_grounding")` (or
 `evaluate.load(<path of this file>)`). Unlike the COCO metrics it scores captions against each image's `scene` (the
-objects it shows), not against reference captions; see `rlcaption.metrics.scene_grounding`.
+objects it shows), not against reference captions; see `rlcaption.shapes.scene_grounding`.
 """
 
 from collections.abc import Mapping
@@ -10,8 +10,8 @@ from collections.abc import Mapping
 import datasets
 import evaluate
 
-from rlcaption.data.shapes import SceneObject
-from rlcaption.metrics import scene
+from rlcaption.shapes import grounding
+from rlcaption.shapes.dataset import SceneObject
 
 _DESCRIPTION = """\
 How true captions of the shapes dataset (`rlcaption.data.load_shapes`) are to their images: each caption is parsed
@@ -79,4 +79,4 @@ class SceneGrounding(evaluate.Metric):
         super().add_batch(predictions=predictions, scenes=scenes, **kwargs)
 
     def _compute(self, predictions, scenes):
-        return scene.scene_grounding(list(predictions), list(scenes))
+        return grounding.scene_grounding(list(predictions), list(scenes))

@@ -47,10 +47,15 @@ _ALIASES = {"rouge": "rouge_l", "cider_d": "cider", "cider-d": "cider"}
 # SPIDEr is (CIDEr-D + SPICE) / 2: asking for it runs both.
 _REQUIREMENTS = {"spider": ("cider", "spice")}
 
-# `evaluate` metric modules shipped in `rlcaption/evaluate_modules/`, by the name `load_metric` takes.
+# `evaluate` metric modules shipped in `rlcaption/metrics/evaluate_modules/` (the shapes benchmark's scene grounding in
+# `rlcaption/shapes/evaluate_modules/`), by the name `load_metric` takes. They are loaded by path, not imported.
 EVALUATE_MODULES = ("bleu", "meteor", "rouge_l", "cider_d", "spice", "spider", "scene_grounding")
 _MODULE_ALIASES = {"rouge": "rouge_l", "cider": "cider_d", "cider-d": "cider_d"}
-_MODULES_DIR = Path(__file__).resolve().parent.parent / "evaluate_modules"
+_PACKAGE = Path(__file__).resolve().parent.parent
+_MODULE_PATHS = {
+    name: _PACKAGE / ("shapes" if name == "scene_grounding" else "metrics") / "evaluate_modules" / f"{name}.py"
+    for name in EVALUATE_MODULES
+}
 
 
 class CaptionScores(dict):
@@ -237,7 +242,7 @@ def load_metric(name: str, **kwargs) -> evaluate.EvaluationModule:
     module_name = _MODULE_ALIASES.get(name.lower(), name.lower())
     if module_name not in EVALUATE_MODULES:
         raise ValueError(f"Unknown caption metric {name!r}; choose among {list(EVALUATE_MODULES)}.")
-    path = _MODULES_DIR / f"{module_name}.py"
+    path = _MODULE_PATHS[module_name]
     if not path.is_file():
         raise FileNotFoundError(
             f"The metric module {path} is missing from the installed package; reinstall rlcaption "

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from rlcaption import captioners as captioners_module
-from rlcaption.captioners import captioner_for
-from rlcaption.decoding import generate_caption_sets, generate_captions
-from rlcaption.models import step_decoding
-from rlcaption.models.blip_decoding import BlipDecodingState, blip_caption_logits, blip_step, decode_blip
+from rlcaption.generation import captioners as captioners_module
+from rlcaption.generation import step_decoding
+from rlcaption.generation.blip_decoding import BlipDecodingState, blip_caption_logits, blip_step, decode_blip
+from rlcaption.generation.captioners import captioner_for
+from rlcaption.generation.decoding import generate_caption_sets, generate_captions
 from tiny_captioners import BLIP_END as END
 from tiny_captioners import BLIP_IMAGE_SIZE as IMAGE_SIZE
 from tiny_captioners import BLIP_START as START

@@ -9,12 +9,12 @@ import torch
 from transformers import GenerationConfig
 
 from rlcaption import CaptionProcessor, PolicyValueCaptioner, ShowTellRL, SpeakerListener
-from rlcaption.captioners import captioner_for
 from rlcaption.data import load_shapes
-from rlcaption.decoding import evaluation_mode, generate_caption_sets, generate_captions
-from rlcaption.models import recurrent_decoding, step_decoding
-from rlcaption.models.recurrent_decoding import decode_recurrent
-from rlcaption.models.step_decoding import decodes_plainly, draw_tokens
+from rlcaption.generation import recurrent_decoding, step_decoding
+from rlcaption.generation.captioners import captioner_for
+from rlcaption.generation.decoding import evaluation_mode, generate_caption_sets, generate_captions
+from rlcaption.generation.recurrent_decoding import decode_recurrent
+from rlcaption.generation.step_decoding import decodes_plainly, draw_tokens
 from tiny_captioners import DECODING_SETTINGS, regions_show_tell
 
 REPOSITORY = Path(__file__).resolve().parents[2]

@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from rlcaption.data import load_shapes
-from rlcaption.data.shapes import COLORS, SHAPES
 from rlcaption.models.encoders import ConvImageEncoder
 from rlcaption.processing import CaptionProcessor
-from rlcaption.scene_pretraining import pretrain_image_encoder_on_scenes, scene_cell_labels
+from rlcaption.shapes.dataset import COLORS, SHAPES
+from rlcaption.shapes.scene_pretraining import pretrain_image_encoder_on_scenes, scene_cell_labels
 
 
 def test_scene_cell_labels_by_hand():

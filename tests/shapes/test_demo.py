@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from rlcaption.demo import DemoSettings, run_demo
-from rlcaption.demo_report import (
+from rlcaption.shapes.demo import DemoSettings, run_demo
+from rlcaption.shapes.demo_report import (
     README_BLOCK_BEGIN,
     README_BLOCK_END,
     caption_habits,
@@ -16,7 +16,7 @@ from rlcaption.demo_report import (
     readme_with_demo_block,
 )
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def _object(shape, color, size="small", row=0, column=0):

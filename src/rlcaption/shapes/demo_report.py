@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .metrics.scene import ground_caption
+from .grounding import ground_caption
 
 __all__ = [
     "CAPTION_HABIT_COLUMNS",
@@ -51,7 +51,7 @@ def caption_habits(captions: Sequence[str], scenes: Sequence[Any]) -> dict[str, 
     """
     The share of `captions` that name a colour-shape pair more often than their scene holds it ("an orange square
     and an orange square" for one orange square), that state the size of an object, and that state a spatial
-    relation, as `rlcaption.metrics.scene` parses them.
+    relation, as `rlcaption.shapes.grounding` parses them.
 
     Args:
         captions (`Sequence[str]`): one caption per image.

@@ -10,16 +10,15 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from rlcaption.hub import parameter_count
+from rlcaption.hub import TEMPLATES, parameter_count
 from rlcaption.models.shapes_clip import ShapesCLIPModel
 
 __all__ = ["CLIP_MODEL_CARD_TEMPLATE", "render_clip_model_card", "retrieval_eval_results"]
 
-CLIP_MODEL_CARD_TEMPLATE = Path(__file__).parent / "templates" / "shapes_clip_model_card.md"
+CLIP_MODEL_CARD_TEMPLATE = TEMPLATES / "shapes_clip_model_card.md"
 
 _RECALL_KEY = re.compile(r"^(t2i|i2t)_R@(\d+)$")
 _DIRECTIONS = {"t2i": "text-to-image", "i2t": "image-to-text"}

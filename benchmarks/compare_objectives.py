@@ -42,6 +42,7 @@ from pathlib import Path
 import datasets
 import torch
 from reproduction import EVALUATOR_CLIP, REPOSITORY, benchmark_command, plot_to, write_card_section
+from verdicts import compare_family
 
 from rlcaption.data import load_shapes
 from rlcaption.evaluation import caption_dataset, clip_scores, diversity_scores, scene_grounding_scores
@@ -165,21 +166,26 @@ def _markdown_table(summary, keys: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _two_std_verdicts(summary, key: str = "CIDEr") -> dict[str, str]:
+def _verdicts(runs: dict[str, list[dict[str, float]]], seeds: list[int]) -> dict[str, str]:
     """
-    Whether each spider_pg arm's mean differs from that of SCST with the same reward by more than two standard
-    deviations (the root mean square of the two arms' sample standard deviations).
+    Each spider_pg arm against SCST with the same reward, on CIDEr-D and the evaluator's R@1, judged as one family by
+    the rule of `verdicts.py`: paired by seed (every arm starts from the same warm start with the same seeds and data
+    order), the direction being the method's claim to improve on its baseline.
     """
-    verdicts = {}
-    for name, stats in summary.items():
+    headlines, names = [], []
+    for name, rows in runs.items():
         reference = "SCST, BCMR" if name.endswith(", BCMR") else "SCST"
-        if not name.startswith("spider_pg") or reference not in summary:
+        if not name.startswith("spider_pg") or reference not in runs:
             continue
-        difference = stats[key]["mean"] - summary[reference][key]["mean"]
-        spread = 2 * ((stats[key]["std"] ** 2 + summary[reference][key]["std"] ** 2) / 2) ** 0.5
-        within = "within" if abs(difference) <= spread else "beyond"
-        verdicts[name] = f"{DISPLAY_NAMES[key]} {difference:+.3f} vs {reference}: {within} 2 std ({spread:.3f})"
-    return verdicts
+        for key in ("CIDEr", "t2i_R@1"):
+            if key in rows[0]:
+                arm = {seed: row[key] for seed, row in zip(seeds, rows, strict=True)}
+                baseline = {seed: row[key] for seed, row in zip(seeds, runs[reference], strict=True)}
+                headlines.append(
+                    {"first": arm, "second": baseline, "metric": DISPLAY_NAMES[key], "names": (name, reference)}
+                )
+                names.append(f"{name}: {DISPLAY_NAMES[key]}")
+    return {name: comparison.sentence() for name, comparison in zip(names, compare_family(headlines), strict=True)}
 
 
 def _plot(summary, path) -> None:
@@ -244,7 +250,7 @@ def main() -> None:
 
     keys = [METRIC_KEYS[metric] for metric in args.metrics] + EXTRA_KEYS
     summary = _summary(runs, [*keys, "train_seconds"])
-    verdicts = _two_std_verdicts(summary)
+    verdicts = _verdicts(runs, args.seeds)
     minutes = (time.perf_counter() - start) / 60
     heading = (
         f"shapes test split ({args.num_test} images), beam 3, mean ± sample std over seeds {args.seeds}; warm start "

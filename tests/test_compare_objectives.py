@@ -73,4 +73,12 @@ def test_a_tiny_comparison_prints_and_saves_its_table(tmp_path):
     assert text.index("## Against SCST on shapes") < text.index("## Citation")
     assert "evaluator T2I R@1" in text and "![CIDEr-D against evaluator R@1](plot.png)" in text
     assert (tmp_path / "plot.png").is_file()
-    assert set(report["verdicts"]) == {"spider_pg", "spider_pg, no pretraining"}
+    # each spider_pg arm against SCST, on CIDEr-D and the evaluator's R@1, in the words of the one rule
+    assert set(report["verdicts"]) == {
+        f"{arm}: {metric}"
+        for arm in ("spider_pg", "spider_pg, no pretraining")
+        for metric in ("CIDEr-D", "evaluator T2I R@1")
+    }
+    for sentence in report["verdicts"].values():
+        assert "paired interval" in sentence
+        assert sentence.endswith(("reproduced", "opposite", "not separated at 2 seeds"))

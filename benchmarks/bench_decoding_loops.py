@@ -18,6 +18,7 @@ around each.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
@@ -33,7 +34,6 @@ from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
 from rlcaption.generation.captioners import Captioner, captioner_for
 from rlcaption.generation.decoding import evaluation_mode
-from rlcaption.generation.step_decoding import use_cuda_graphs
 
 WARM_START = Path(__file__).resolve().parent.parent / "checkpoints" / "show-tell-rl-shapes-xe"
 DECODINGS = {
@@ -104,19 +104,16 @@ def main(argv: list[str] | None = None) -> None:
                 )
 
 
-def decode_in_loop(captioner: Captioner, inputs, config: GenerationConfig, cuda_graphs: bool) -> torch.Tensor:
-    with use_cuda_graphs(cuda_graphs):
-        return captioner.generate(inputs, config)
-
-
 def compare(captioner: Captioner, inputs, config: GenerationConfig, args) -> tuple[list[float], tuple[float, float]]:
     """Milliseconds of the loop as one CUDA graph (on a GPU; the loop itself elsewhere), of the loop step by step and
     of `generate()`, and the shares of the graph's and of `generate()`'s captions that the loop drew too."""
     device = torch.device(args.device)
     complete = captioner.complete_generation_config(config)
+    graphs, step_by_step = copy.deepcopy(config), copy.deepcopy(config)
+    graphs.cuda_graphs, step_by_step.cuda_graphs = True, False
     decodings = [
-        lambda: decode_in_loop(captioner, inputs, complete, cuda_graphs=True),
-        lambda: decode_in_loop(captioner, inputs, complete, cuda_graphs=False),
+        lambda: captioner.generate(inputs, graphs),
+        lambda: captioner.generate(inputs, step_by_step),
         lambda: captioner.generate(inputs, complete, decoding_loop=False),
     ]
     timings = [time_decoding(decode, device, args.repeats) for decode in decodings]

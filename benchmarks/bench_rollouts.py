@@ -14,6 +14,7 @@ Reported times are the median of `--repeats` runs after one warm-up run.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -27,7 +28,6 @@ from gpu_check import share_of_same_rows, synchronize
 
 from rlcaption.data import load_shapes
 from rlcaption.generation.decoding import caption_token_mask, image_inputs_of
-from rlcaption.generation.step_decoding import use_cuda_graphs
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
 from rlcaption.objectives.spider_pg import Rollouts, rollout_prefixes, sample_rollouts, sample_rollouts_per_prefix
 from rlcaption.processing import CaptionProcessor
@@ -141,11 +141,14 @@ def main() -> None:
         batched = sample_rollouts(*rollout_args, **rollout_kwargs)
         looped = sample_rollouts_per_prefix(*rollout_args, **rollout_kwargs)
         # the loop a GPU runs: finished rows stepped along, no wait for the device at every step; there, also
-        # captured as a CUDA graph (at its second call) and replayed
+        # captured as a CUDA graph (at its second call) and replayed, unless the policy's generation config says
+        # otherwise, as it does for a copy of the same weights
+        step_by_step = copy.deepcopy(model)
+        step_by_step.generation_config.cuda_graphs = False
 
         def kept(cuda_graphs: bool) -> Rollouts:
-            with use_cuda_graphs(cuda_graphs):
-                return sample_rollouts(*rollout_args, drop_finished_rows=False, **rollout_kwargs)
+            policy = model if cuda_graphs else step_by_step
+            return sample_rollouts(policy, *rollout_args[1:], drop_finished_rows=False, **rollout_kwargs)
 
         kept_rollouts = [kept(False), kept(True), kept(True)]
         # the share of rollouts that the batched loops (dropping and keeping finished rows, the latter step by step

@@ -10,12 +10,11 @@ them up. After two warm-up steps, one full optimizer step runs under a `TorchDis
 dispatched (after autograd: the forward's and the backward pass's) by where it was called from, and those of them
 that launch a kernel (views do not: on a GPU they cost the host a little, and the device nothing):
 
-- decodings: sampling, greedy decoding and rollouts, which a GPU replays as CUDA graphs;
-- scoring pass: the samples' teacher-forced pass (`sample_token_log_probs`), which
-  `rlcaption.models.training_graphs.use_training_graphs(True)` replays as a CUDA graph on a GPU; XE's teacher-forced
-  pass and `spider_pg`'s forward pass of the policy are counted here too;
-- backward pass: the loss's backward pass (for RL objectives nearly all of it the scoring pass's, replayed as a graph
-  with it);
+- decodings: sampling, greedy decoding and rollouts, which a GPU replays as CUDA graphs (unless the model's
+  `generation_config.cuda_graphs` is False);
+- scoring pass: the samples' teacher-forced pass (`sample_token_log_probs`); XE's teacher-forced pass and
+  `spider_pg`'s forward pass of the policy are counted here too;
+- backward pass: the loss's backward pass (for RL objectives nearly all of it the scoring pass's);
 - other: everything else (rewards' tensors, losses, clipping, the optimizer step).
 
 The kernels outside the decodings are what the host launches one by one on a GPU with the default settings (CPU

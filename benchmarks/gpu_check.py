@@ -14,13 +14,12 @@ random weights and a `BlipProcessor` built here.
    and the shares of the step spent sampling (every `generate` call the objective makes, rollouts included) and in
    the reward calls. The device is synchronised around each timed part, so shares are of wall time. Each objective
    trains its own copy of the model and their steps are interleaved, so that load on the machine hits them alike. On
-   a GPU the `ShowTellRL` rows are measured three times in the same loop: decoding as CUDA graphs (the default), step
-   by step, and with the samples' scoring pass and its backward pass also replayed as CUDA graphs
-   (`rlcaption.models.training_graphs`, off by default); with `--reward-processes N` once more, with the CIDEr-D
+   a GPU the `ShowTellRL` rows are measured twice in the same loop: decoding as CUDA graphs (the default) and step by
+   step (the copy's `generation_config.cuda_graphs = False`); with `--reward-processes N` once more, with the CIDEr-D
    reward computed in N worker processes.
 3. Throughput. Images per second of the `ShowTellRL` SCST step as the batch grows: close to linear until the device
-   is busy, flat once it is. Here only XE and SCST (CUDA graphs, rewards in process; on a GPU also SCST with its
-   scoring pass as graphs) are interleaved, so their ratio is also read away from the other variants' steps.
+   is busy, flat once it is. Here only XE and SCST (CUDA graphs, rewards in process) are interleaved, so their ratio
+   is also read away from the other variants' steps.
 
 Targets (ratios from this one run): ShowTellRL SCST <= 1.5x XE at 128 x 5, spider_pg <= 2x SCST; BLIP-base-size bf16
 SCST <= 2.5x XE at 32 x 5. They are printed beside the measurements, not enforced.
@@ -56,8 +55,6 @@ from transformers import (
 
 from rlcaption import CaptionProcessor, ShowTellRL
 from rlcaption.data import load_shapes
-from rlcaption.generation.step_decoding import use_cuda_graphs
-from rlcaption.models.training_graphs import use_training_graphs
 from rlcaption.objectives import spider_pg as spider_pg_module
 from rlcaption.rewards import Pending
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
@@ -264,16 +261,14 @@ def make_blip(processor_captions: list[str], size: str, image_size: int):
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """How an RL step runs: decodings as CUDA graphs or step by step, the samples' scoring pass and its backward pass
-    as CUDA graphs or not, rewards in worker processes or in process."""
+    """How an RL step runs: decodings as CUDA graphs or step by step (the `cuda_graphs` of the model's generation
+    config), rewards in worker processes or in process."""
 
     cuda_graphs: bool = True
     reward_processes: int = 0
-    training_graphs: bool = False
 
     def describe(self) -> str:
         parts = [] if self.cuda_graphs else ["step-by-step decoding"]
-        parts += ["scoring pass as graphs"] if self.training_graphs else []
         parts += [f"rewards in {self.reward_processes} processes"] if self.reward_processes else []
         return ", ".join(parts)
 
@@ -284,8 +279,9 @@ def make_trainer(
     config = RLCaptionConfig(
         output_dir=str(scratch / "budget" / objective), use_cpu=device.type == "cpu", bf16=bf16, objective=objective,
         per_device_train_batch_size=batch_size, learning_rate=LEARNING_RATES[objective], max_caption_length=20,
-        reward_funcs=["cider"], num_samples_per_image=5, baseline="greedy", save_strategy="no", eval_strategy="no",
-        report_to=[], disable_tqdm=True, seed=0, dataloader_num_workers=0, reward_processes=reward_processes,
+        reward_funcs=["cider"], num_samples_per_image=5, save_strategy="no", eval_strategy="no", report_to=[],
+        disable_tqdm=True, seed=0, dataloader_num_workers=0, reward_processes=reward_processes,
+        **({"baseline": "greedy"} if objective == "scst" else {}),
         **({"num_paths_per_image": 1, "num_rollouts": 3} if objective == "spider_pg" else {}),
     )  # fmt: skip
     trainer = RLCaptionTrainer(model=model, args=config, processing_class=processor, train_dataset=dataset)
@@ -308,7 +304,7 @@ class StepTimer:
     """Times full optimizer steps of one trainer on one batch, each from the same weights and seed, with the shares
     of sampling and rewards. Each repeat runs two steps: one timed as a whole, and one whose sampling and reward calls
     are timed apart for their shares (their synchronisations would slow the whole). The steps run as `variant` says
-    (its reward processes are the trainer's)."""
+    (its decodings are the model's, its reward processes the trainer's)."""
 
     def __init__(self, trainer: RLCaptionTrainer, variant: Variant):
         self.trainer, self.variant, self.device = trainer, variant, trainer.args.device
@@ -336,11 +332,10 @@ class StepTimer:
     def _timed_step(self, seed: int) -> float:
         self.trainer.model.load_state_dict(self.initial)
         torch.manual_seed(seed)
-        with use_cuda_graphs(self.variant.cuda_graphs), use_training_graphs(self.variant.training_graphs):
-            synchronize(self.device)
-            start = time.perf_counter()
-            optimizer_step(self.trainer, self.batch)
-            synchronize(self.device)
+        synchronize(self.device)
+        start = time.perf_counter()
+        optimizer_step(self.trainer, self.batch)
+        synchronize(self.device)
         return time.perf_counter() - start
 
     def summary(self, batch_size: int) -> dict[str, float]:
@@ -365,6 +360,7 @@ def step_budget(model_name, build, objectives, batch_sizes, device, bf16, shapes
         for objective in objectives:
             for variant in variants if objective != "xe" else (Variant(),):
                 model, processor = build()
+                model.generation_config.cuda_graphs = variant.cuda_graphs
                 trainer = make_trainer(
                     objective, model, processor, shapes["train"], batch_size, device, bf16, scratch,
                     variant.reward_processes,
@@ -498,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="Profile one ShowTellRL XE and SCST step (on a GPU also with training graphs; BLIP's SCST) to this file.",
+        help="Profile one ShowTellRL XE and SCST step (and BLIP's SCST) to this file.",
     )
     parser.add_argument("--output", type=Path, default=Path("runs/benchmarks/gpu_check.json"))
     args = parser.parse_args(argv)
@@ -536,11 +532,10 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = load_shapes(num_train=1024, num_validation=8, num_test=8, image_size=48, cache_dir=scratch / "datasets")
     show_tell = lambda: (ShowTellRL.from_pretrained(WARM_START), CaptionProcessor.from_pretrained(WARM_START))  # noqa: E731
-    # on a GPU, also with every decoding step by step (what the decoding graphs save), and with the samples' scoring
-    # pass replayed as graphs with its backward pass (off by default)
+    # on a GPU, also with every decoding step by step (what the decoding graphs save)
     variants = [Variant()]
     if device.type == "cuda":
-        variants += [Variant(cuda_graphs=False), Variant(training_graphs=True)]
+        variants.append(Variant(cuda_graphs=False))
     if args.reward_processes:
         variants.append(Variant(reward_processes=args.reward_processes))
     budget = step_budget(
@@ -558,29 +553,24 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         report("budget", budget, budget_table(budget[-len(sizes["blip"]) :]))
     if sizes["curve"]:
-        curve_variants = [Variant()] + [variant for variant in variants if variant.training_graphs]
         curve = step_budget(
             "ShowTellRL (XE warm start)", show_tell, ("xe", "scst"), sizes["curve"], device, False, shapes,
-            args.warmup, args.repeats, scratch, curve_variants,
+            args.warmup, args.repeats, scratch, [Variant()],
         )  # fmt: skip
-        title = "ShowTellRL throughput, XE and SCST alone (5 samples per image; on a GPU, also with training graphs):"
+        title = "ShowTellRL throughput, XE and SCST alone (5 samples per image):"
         report("curve", curve, f"{title}\n\n{curve_table(curve)}")
     if args.profile:
         # XE beside SCST: what an SCST step adds to the host's work, launch for launch
         profiled = [
-            ("ShowTellRL", show_tell, max(sizes["show_tell"]), False, objective, False) for objective in ("xe", "scst")
+            ("ShowTellRL", show_tell, max(sizes["show_tell"]), False, objective) for objective in ("xe", "scst")
         ]
-        profiled += [] if args.skip_blip else [("BLIP", blip, max(sizes["blip"]), True, "scst", False)]
-        if device.type == "cuda":
-            show_tell_size = max(sizes["show_tell"])
-            profiled += [("ShowTellRL, scoring pass as graphs", show_tell, show_tell_size, False, "scst", True)]
+        profiled += [] if args.skip_blip else [("BLIP", blip, max(sizes["blip"]), True, "scst")]
         sections = []
-        for model_name, build, batch_size, bf16, objective, training_graphs in profiled:
+        for model_name, build, batch_size, bf16, objective in profiled:
             model, processor = build()
             trainer = make_trainer(objective, model, processor, shapes["train"], batch_size, device, bf16, scratch)
             title = f"# {model_name} {objective.upper()} step, {batch_size} images"
-            with use_training_graphs(training_graphs):
-                sections.append(f"{title}\n\n{profile_step(trainer)}")
+            sections.append(f"{title}\n\n{profile_step(trainer)}")
         args.profile.parent.mkdir(parents=True, exist_ok=True)
         args.profile.write_text("\n\n".join(sections))
         print(f"Profiles of one XE and SCST step: {args.profile}")

@@ -172,9 +172,10 @@ def make_trainer(objective: str, model: ShowTellRL, processor, shapes, args, out
         output_dir=str(output_dir / objective), use_cpu=True, objective=objective,
         per_device_train_batch_size=args.batch_size, learning_rate=LEARNING_RATES[objective],
         max_caption_length=args.max_caption_length, reward_funcs=["cider"],
-        num_samples_per_image=args.scst_samples, baseline="greedy",
+        num_samples_per_image=args.scst_samples,
         save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True, seed=args.seed,
         dataloader_num_workers=0,
+        **({"baseline": "greedy"} if objective == "scst" else {}),
         **({"num_paths_per_image": args.num_paths, "num_rollouts": args.num_rollouts}
            if objective == "spider_pg" else {}),
     )  # fmt: skip

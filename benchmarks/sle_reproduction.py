@@ -83,7 +83,7 @@ def _score_warm_start(run_dir: Path, seed: int) -> dict[str, dict[str, float]]:
         os.chdir(REPOSITORY)
         script_args, args = parse_recipe_arguments(
             train_sle.ScriptArguments, train_sle.RECIPE_DEFAULTS,
-            ["--output_dir", str(run_dir), *options],
+            ["--output_dir", str(run_dir), *options], train_sle.CONFIG_CLASSES,
         )  # fmt: skip
         model, processor = load_pretrained_captioner(script_args.model_name_or_path)
         dataset = load_recipe_dataset(script_args)

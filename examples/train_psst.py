@@ -117,13 +117,8 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
 
 def main(argv=None):
     script_args, training_args = parse_recipe_arguments(
-        ScriptArguments, RECIPE_DEFAULTS, argv, config_class=PSSTConfig
+        ScriptArguments, RECIPE_DEFAULTS, argv, config_classes=[PSSTConfig]
     )
-    if training_args.objective != "psst":
-        raise ValueError(
-            f"train_psst.py trains a speaker and its listener; --objective {training_args.objective} belongs to "
-            "another recipe."
-        )
     model, processor = load_pretrained_captioner(script_args.model_name_or_path)
     if isinstance(model, ShowTellRL):
         set_seed(training_args.seed)  # the new listener's initialisation is the run's seed's, not chance's

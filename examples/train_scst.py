@@ -73,13 +73,8 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
 
 def main(argv=None):
     script_args, training_args = parse_recipe_arguments(
-        ScriptArguments, RECIPE_DEFAULTS, argv, config_class=SCSTConfig
+        ScriptArguments, RECIPE_DEFAULTS, argv, config_classes=[SCSTConfig]
     )
-    if training_args.objective != "scst":
-        raise ValueError(
-            f"train_scst.py trains by self-critical sequence training; --objective {training_args.objective} "
-            "belongs to another recipe (train_xe.py, train_spider.py, ...)."
-        )
     model, processor = load_pretrained_captioner(script_args.model_name_or_path)
     dataset = load_recipe_dataset(script_args)
     train_and_finish(model, processor, dataset, script_args, training_args, _model_card)

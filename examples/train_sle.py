@@ -10,7 +10,8 @@ the samples as the diversity baseline; the distance is 1 - (BLEU-3 + BLEU-4) / 2
 normalised word edit distance (`--sle_distance edit`).
 
 The paper's baselines run with the same recipe and evaluation: SLL is `--objective scst`, SLL-ME is `--objective
-scst --entropy_bonus_weight 1e-2`. The test split is scored at the end as in the paper's Table 4: per image 5 random
+scst --entropy_bonus_weight 1e-2`; with `--objective scst` the recipe takes SCST's options (`--objective scst --help`
+lists them). The test split is scored at the end as in the paper's Table 4: per image 5 random
 samples and, separately, the beam-5 top 5, each set with mean CIDEr-D, Div-1, Div-2, mBLEU-4 and (on shapes) object
 F1, beside the beam-5 caption's consensus metrics; the output folder gets the model, its processor, a model card and
 `eval_results.json`. A run whose `--output_dir` holds a complete checkpoint resumes from it; `--push_to_hub
@@ -19,7 +20,7 @@ F1, beside the beam-5 caption's consensus metrics; the output folder gets the mo
 
 from dataclasses import dataclass, field
 
-from rlcaption.objectives import SLEConfig
+from rlcaption.objectives import SCSTConfig, SLEConfig
 from rlcaption.recipes import (
     RecipeArguments,
     dataset_name,
@@ -43,8 +44,8 @@ RECIPE_DEFAULTS = {
     "eval_caption_sets": ["sample", "beam"],
     "eval_caption_set_size": 5,
 }
-# SLE and the two baselines of the paper (SLL = scst; SLL-ME = scst with an entropy bonus)
-_OBJECTIVES = ("sle", "scst")
+# SLE, and its SLL and SLL-ME baselines, which are `scst` runs (SLL-ME with an entropy bonus)
+CONFIG_CLASSES = (SLEConfig, SCSTConfig)
 
 
 @dataclass
@@ -98,12 +99,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
 
 
 def main(argv=None):
-    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv, config_class=SLEConfig)
-    if training_args.objective not in _OBJECTIVES:
-        raise ValueError(
-            f"train_sle.py trains SLE or its SLL baselines (--objective sle or scst); --objective "
-            f"{training_args.objective} belongs to another recipe."
-        )
+    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv, CONFIG_CLASSES)
     model, processor = load_pretrained_captioner(script_args.model_name_or_path)
     dataset = load_recipe_dataset(script_args)
     train_and_finish(model, processor, dataset, script_args, training_args, _model_card)

@@ -130,13 +130,8 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
 
 def main(argv=None):
     script_args, training_args = parse_recipe_arguments(
-        ScriptArguments, RECIPE_DEFAULTS, argv, config_class=SpiderPGConfig
+        ScriptArguments, RECIPE_DEFAULTS, argv, config_classes=[SpiderPGConfig]
     )
-    if training_args.objective != "spider_pg":
-        raise ValueError(
-            f"train_spider.py trains by the SPIDEr policy gradient; --objective {training_args.objective} belongs to "
-            "another recipe (train_xe.py, train_scst.py, ...)."
-        )
     if any(name in _REWARDS_NEEDING_SPICE for name in training_args.reward_funcs):
         check_spice()  # stop before any training where SPICE cannot run, with what is missing and how to fix it
     check_pretrained_reference(script_args.model_name_or_path)  # a typo fails before any data is loaded

@@ -89,12 +89,9 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
 
 
 def main(argv=None):
-    script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv, config_class=WTFConfig)
-    if training_args.objective != "wtf":
-        raise ValueError(
-            f"train_wtf.py trains WTF-RL (its Table 1 variants by --wtf_variant); --objective "
-            f"{training_args.objective} belongs to another recipe."
-        )
+    script_args, training_args = parse_recipe_arguments(
+        ScriptArguments, RECIPE_DEFAULTS, argv, config_classes=[WTFConfig]
+    )
     try:  # METEOR where Java runs it, as in the paper's table; the rest of the evaluation needs neither
         check_java()
         pycocoevalcap_dir("meteor")

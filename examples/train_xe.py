@@ -178,11 +178,6 @@ def _model_card(
 
 def main(argv=None):
     script_args, training_args = parse_recipe_arguments(ScriptArguments, RECIPE_DEFAULTS, argv)
-    if training_args.objective != "xe":
-        raise ValueError(
-            f"train_xe.py trains by teacher forcing; --objective {training_args.objective} belongs to another recipe "
-            "(train_scst.py, train_spider.py, ...)."
-        )
     dataset = load_recipe_dataset(script_args)
     train_captions = [caption for captions in dataset["train"]["captions"] for caption in captions]
     image_settings = {"image_size": script_args.image_size}

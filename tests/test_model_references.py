@@ -124,5 +124,5 @@ def test_a_cached_hub_id_loads_from_the_cache_when_the_hub_is_out_of_reach(
 
 def test_a_local_folder_and_a_reachable_hub_id_pass(saved_captioner, monkeypatch):
     assert check_pretrained_reference(saved_captioner) is False
-    monkeypatch.setattr("rlcaption.hub.hub_unreachable_reason", lambda: None)
+    monkeypatch.setattr("rlcaption.hub.references.hub_unreachable_reason", lambda: None)
     assert check_pretrained_reference("org/name") is False  # left to from_pretrained

@@ -156,7 +156,7 @@ def test_beside_features_the_training_images_stay_undecoded_until_a_reward_asks(
     training_args = parse_recipe_arguments(
         RecipeArguments,
         argv=["--output_dir", str(tmp_path), "--image_features", str(region_features), *arguments],
-        config_class=get_objective_class(arguments[1]).config_class,
+        config_classes=[get_objective_class(arguments[1]).config_class],
     )[1]
     model = ShowTellRL.from_pretrained(regions_warm_start[0])
     dataset = recipes.fit_image_columns_to_run(

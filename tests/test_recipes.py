@@ -13,7 +13,7 @@ import torch
 from rlcaption import recipes
 from rlcaption.hub import publish_folder
 from rlcaption.models import PolicyValueCaptioner
-from rlcaption.objectives import ActorCriticConfig
+from rlcaption.objectives import ActorCriticConfig, SCSTConfig
 from rlcaption.recipes import (
     RecipeArguments,
     check_pretrained_reference,
@@ -80,6 +80,7 @@ def test_the_resume_flag_without_a_value_means_the_newest_checkpoint(tmp_path, a
         recipe.ScriptArguments,
         recipe.RECIPE_DEFAULTS,
         ["--output_dir", str(tmp_path), "--resume_from_checkpoint", *after],
+        [SCSTConfig],
     )
     assert training_args.resume_from_checkpoint == str(newest)
 
@@ -96,17 +97,21 @@ def test_recipe_defaults_reach_the_training_arguments(tmp_path):
     assert (xe_args.objective, xe_args.learning_rate, xe_args.num_train_epochs) == ("xe", 2e-3, 6.0)
     assert (xe_args.per_device_train_batch_size, xe_args.eval_num_beams) == (32, 1)
     scst = load_recipe("train_scst")
-    script_args, scst_args = parse_recipe_arguments(scst.ScriptArguments, scst.RECIPE_DEFAULTS, ["--output_dir", "x"])
+    script_args, scst_args = parse_recipe_arguments(
+        scst.ScriptArguments, scst.RECIPE_DEFAULTS, ["--output_dir", "x"], [SCSTConfig]
+    )
     assert (scst_args.objective, scst_args.reward_funcs, scst_args.learning_rate) == ("scst", ["cider"], 5e-4)
     assert scst_args.num_samples_per_image == 5 and script_args.dataset == "shapes"
     # a command-line value wins over the recipe's default
     _, scst_args = parse_recipe_arguments(
-        scst.ScriptArguments, scst.RECIPE_DEFAULTS, ["--output_dir", "x", "--learning_rate", "1e-5"]
+        scst.ScriptArguments, scst.RECIPE_DEFAULTS, ["--output_dir", "x", "--learning_rate", "1e-5"], [SCSTConfig]
     )
     assert scst_args.learning_rate == 1e-5
 
 
-@pytest.mark.parametrize(("recipe", "objective"), [("train_xe", "scst"), ("train_scst", "xe"), ("train_spider", "xe")])
+@pytest.mark.parametrize(
+    ("recipe", "objective"), [("train_xe", "scst"), ("train_scst", "xe"), ("train_spider", "xe"), ("train_sle", "wtf")]
+)
 def test_a_recipe_refuses_another_objective_instead_of_replacing_it(tmp_path, recipe, objective):
     with pytest.raises(ValueError, match=f"--objective {objective} belongs to another recipe"):
         load_recipe(recipe).main(["--output_dir", str(tmp_path), "--objective", objective, "--reward_funcs", "cider"])
@@ -189,7 +194,7 @@ def test_a_mistyped_local_path_fails_at_once_naming_the_option(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "xe").mkdir(parents=True)
     check_pretrained_reference("runs/xe")  # a folder
-    monkeypatch.setattr("rlcaption.hub.hub_unreachable_reason", lambda: None)
+    monkeypatch.setattr("rlcaption.hub.references.hub_unreachable_reason", lambda: None)
     check_pretrained_reference("org/name")  # a Hub id while the Hub answers: from_pretrained's to resolve
     for typo in ("runs/xee", "./runs/xe2", "/nowhere/xe", "runs/xe/checkpoint-7"):
         with pytest.raises(FileNotFoundError, match=f"--model_name_or_path {typo}: no such folder"):
@@ -270,38 +275,43 @@ def test_the_network_a_recipe_adds_to_the_captioner_starts_from_the_run_s_seed(
 
 # ------------------------------------------------------------------ each recipe's options
 
-# options that belong to one method's config: a recipe lists those of its own method only
+# options that belong to some methods' configs only: a recipe lists those of its own method only
 METHOD_OPTIONS = {
-    "scst": ("entropy_bonus_weight",),
+    "scst": ("baseline", "entropy_bonus_weight"),
     "sle": ("sle_alpha", "sle_distance"),
     "spider_pg": ("num_rollouts", "num_paths_per_image", "baseline_pretraining_steps"),
     "wtf": ("wtf_variant", "wtf_alpha", "reward_clip", "discriminator_learning_rate"),
-    "psst": ("psst_lambda", "psst_mode", "listener_pretraining_steps"),
+    "psst": ("baseline", "psst_lambda", "psst_mode", "listener_pretraining_steps"),
     "actor_critic": ("value_learning_rate", "value_pretraining_steps"),
 }
-# a recipe's method and the methods whose options it also takes (SLE runs its SLL baselines, PSST's naturalness term
-# is SCST's)
+# (recipe, its arguments besides --help) -> the method whose options it lists: SLE's recipe runs its SLL baselines as
+# `--objective scst`, with SCST's config
 RECIPE_METHODS = {
-    "train_xe": (),
-    "train_scst": ("scst",),
-    "train_sle": ("sle", "scst"),
-    "train_spider": ("spider_pg",),
-    "train_wtf": ("wtf",),
-    "train_psst": ("psst", "scst"),
-    "train_actor_critic": ("actor_critic",),
+    ("train_xe", ()): None,
+    ("train_scst", ()): "scst",
+    ("train_sle", ()): "sle",
+    ("train_sle", ("--objective", "scst")): "scst",
+    ("train_spider", ()): "spider_pg",
+    ("train_wtf", ()): "wtf",
+    ("train_psst", ()): "psst",
+    ("train_actor_critic", ()): "actor_critic",
 }
 
 
-@pytest.mark.parametrize("recipe", list(RECIPE_METHODS))
-def test_a_recipe_s_help_lists_its_method_s_options_and_the_shared_ones_only(recipe, capsys):
+@pytest.mark.parametrize(
+    ("recipe", "arguments"),
+    list(RECIPE_METHODS),
+    ids=[" ".join([recipe, *arguments]) for recipe, arguments in RECIPE_METHODS],
+)
+def test_a_recipe_s_help_lists_its_method_s_options_and_the_shared_ones_only(recipe, arguments, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        load_recipe(recipe).main(["--help"])
+        load_recipe(recipe).main([*arguments, "--help"])
     assert exit_info.value.code == 0
     listed = set(re.findall(r"^\s+--(\w+)", capsys.readouterr().out, flags=re.MULTILINE))
     assert {"output_dir", "learning_rate", "reward_funcs", "num_samples_per_image", "eval_num_beams"} <= listed
-    for method, options in METHOD_OPTIONS.items():
-        own = method in RECIPE_METHODS[recipe]
-        assert all((option in listed) == own for option in options), (method, sorted(listed & set(options)))
+    own = set(METHOD_OPTIONS.get(RECIPE_METHODS[recipe, arguments], ()))
+    for options in METHOD_OPTIONS.values():
+        assert all((option in listed) == (option in own) for option in options), sorted(listed & set(options))
 
 
 @pytest.mark.parametrize(

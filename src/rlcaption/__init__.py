@@ -18,7 +18,6 @@ from .models import (
     VisualSemanticEmbedding,
     VisualSemanticEmbeddingConfig,
 )
-from .models.captions import soft_word_embeddings
 from .objectives import (
     ActorCriticConfig,
     PSSTConfig,
@@ -27,7 +26,6 @@ from .objectives import (
     SpiderPGConfig,
     WTFConfig,
 )
-from .objectives.word_passing import WORD_PASSING_MODES, PassedWords, decode_with_word_passing
 from .processing import CaptionProcessor
 from .rewards import RewardMix, available_rewards, get_reward, register_reward
 from .trainer import RLCaptionConfig, RLCaptionTrainer
@@ -41,7 +39,6 @@ __all__ = [
     "PolicyValueConfig",
     "CaptionCollator",
     "CaptionProcessor",
-    "PassedWords",
     "RLCaptionConfig",
     "RLCaptionTrainer",
     "RewardMix",
@@ -58,10 +55,8 @@ __all__ = [
     "SpiderPGConfig",
     "VisualSemanticEmbedding",
     "VisualSemanticEmbeddingConfig",
-    "WORD_PASSING_MODES",
     "WTFConfig",
     "available_rewards",
-    "decode_with_word_passing",
     "evaluate_captions",
     "evaluate_model",
     "get_reward",
@@ -70,5 +65,4 @@ __all__ = [
     "load_karpathy",
     "load_shapes",
     "register_reward",
-    "soft_word_embeddings",
 ]

@@ -4,9 +4,9 @@ features), loading the captioner to start from, building a new `ShowTellRL` on a
 (test scores, `eval_results.json`, model card, publishing).
 
 A recipe is then only its method: `examples/train_xe.py`, `train_scst.py`, `train_spider.py`, ... each parse
-`(their ScriptArguments, RLCaptionConfig)` with [`parse_recipe_arguments`], load data with [`load_recipe_dataset`],
-train with [`RLCaptionTrainer`] and end with [`finish_recipe`]. The demo (`rlcaption demo`) builds its models with
-the same [`new_show_tell_rl`] and [`pretrain_on_scenes`].
+`(their ScriptArguments, their method's config)` with [`parse_recipe_arguments`], load data with
+[`load_recipe_dataset`], train with [`RLCaptionTrainer`] and end with [`finish_recipe`]. The demo (`rlcaption demo`)
+builds its models with the same [`new_show_tell_rl`] and [`pretrain_on_scenes`].
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from . import auto as _auto  # noqa: F401  (registers our Auto classes, so AutoP
 from .data import check_dataset_images, load_caption_dataset
 from .hub import check_pretrained_reference, publish_folder, render_model_card
 from .models import ShowTellRL, ShowTellRLConfig
+from .objectives import available_objectives
 from .processing import CaptionProcessor
 from .rewards import reward_reads_images
 from .shapes.scene_pretraining import pretrain_image_encoder_on_scenes
@@ -140,19 +141,24 @@ def parse_recipe_arguments(
     script_arguments_class: type,
     defaults: Mapping[str, Any] | None = None,
     argv: Sequence[str] | None = None,
-    config_class: type[RLCaptionConfig] = RLCaptionConfig,
+    config_classes: Sequence[type[RLCaptionConfig]] = (RLCaptionConfig,),
 ) -> tuple[Any, RLCaptionConfig]:
     """
-    Parses `(script_arguments_class, config_class)` from the command line (or `argv`) with the recipe's own
-    `defaults` (e.g. its learning rate); `config_class` is the recipe's method's config (`SCSTConfig`, ...), so that
-    `--help` lists that method's options and the shared ones. Settles where training resumes from
-    ([`resolve_resume_from_checkpoint`]), so that `training_args.resume_from_checkpoint` is what
-    `trainer.train(resume_from_checkpoint=...)` takes.
+    Parses `(script_arguments_class, config class)` from the command line (or `argv`) with the recipe's own
+    `defaults` (e.g. its learning rate). `config_classes` are the configs of the methods the recipe trains, its own
+    first (`(SLEConfig, SCSTConfig)`: SLE and its SLL baselines): `--objective` (or the `objective` of `defaults`,
+    else the first's) chooses among them, so that `--help` lists that method's options and the shared ones. Settles
+    where training resumes from ([`resolve_resume_from_checkpoint`]), so that `training_args.resume_from_checkpoint`
+    is what `trainer.train(resume_from_checkpoint=...)` takes.
+
+    Raises:
+        `ValueError`: `--objective` names a method that another recipe trains.
     """
+    argv = sys.argv[1:] if argv is None else argv
+    config_class = _config_class_of_objective(config_classes, defaults, argv)
     parser = HfArgumentParser((script_arguments_class, config_class))
     if defaults:
         parser.set_defaults(**defaults)
-    argv = sys.argv[1:] if argv is None else argv
     if "dataloader_num_workers" not in (defaults or {}):
         _decode_image_files_in_workers(parser, argv)
     script_args, training_args = parser.parse_args_into_dataclasses(args=_normalise_resume_flag(argv))
@@ -164,6 +170,24 @@ def parse_recipe_arguments(
         overwrite_output_dir=getattr(script_args, "overwrite_output_dir", False),
     )
     return script_args, training_args
+
+
+def _config_class_of_objective(
+    config_classes: Sequence[type[RLCaptionConfig]], defaults: Mapping[str, Any] | None, argv: Sequence[str]
+) -> type[RLCaptionConfig]:
+    """The class among `config_classes` of the objective that `argv` (or `defaults`) names, read before the full
+    parse since it decides which options there are."""
+    by_objective = {config.__dataclass_fields__["objective"].default: config for config in config_classes}
+    probe = argparse.ArgumentParser(add_help=False)  # reads only this option, as the full parser does
+    probe.add_argument("--objective", default=(defaults or {}).get("objective", next(iter(by_objective))))
+    objective = probe.parse_known_args(list(argv))[0].objective
+    if objective not in by_objective and objective in available_objectives():
+        raise ValueError(
+            f"This recipe trains --objective {' or '.join(by_objective)}; --objective {objective} belongs to another "
+            "recipe."
+        )
+    # an unknown objective is refused by the config's validation, which lists the valid ones
+    return by_objective.get(objective, config_classes[0])
 
 
 def dataloader_workers_for_images() -> int:

@@ -2,10 +2,11 @@
 Training arguments of [`RLCaptionTrainer`]: the usual `TrainingArguments` plus the fields every method shares
 (objective, rewards, sampling, evaluation, logging). Each RL method adds its own fields in its own config class, the
 TRL way, beside its objective: `SCSTConfig`, `SLEConfig`, `SpiderPGConfig`, `WTFConfig`, `PSSTConfig`,
-`ActorCriticConfig` (`rlcaption.objectives`).
+`ActorCriticConfig` (`rlcaption.objectives`), so that a config holds its method's options only.
 
-`RLCaptionConfig(objective=name, ...)` builds the config class of that objective, as `AutoConfig` builds a model's,
-so that one call configures any method; an option of another method is refused with the class that has it.
+A config is built as `RLCaptionConfig(objective=name, ...)`: the call returns an instance of that objective's class,
+as `AutoConfig` builds a model's, so that one call configures any method; an option of another method is refused with
+the class that has it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from .rewards.registry import available_rewards
 
 __all__ = ["DIVERSITY_METRICS", "RLCaptionConfig", "register_objective_config", "split_eval_metrics"]
 
-BASELINES = ("greedy", "mean_of_others", "none")
 LOSS_NORMALIZATIONS = ("token", "sequence")
 # `eval_metrics` names of the diversity metrics (`rlcaption.evaluation.diversity_scores`).
 DIVERSITY_METRICS = ("div_1", "div_2", "mbleu_4", "self_bleu", "distinct_captions")
@@ -128,13 +128,6 @@ class RLCaptionConfig(TrainingArguments):
             "has its own count, `num_paths_per_image`: each of its samples also costs `num_rollouts` rollouts per "
             "token and the paper samples 1, so one setting for both would change one method's cost and recipe "
             "whenever a configuration is switched to the other objective."
-        },
-    )
-    baseline: str = field(
-        default="greedy",
-        metadata={
-            "help": "Reward baseline of `scst`: `greedy` (reward of the greedy caption, Rennie et al. 2017), "
-            "`mean_of_others` (mean reward of the other samples of the same image) or `none`."
         },
     )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for RL objectives."})
@@ -277,10 +270,11 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(
                 f"objective={self.objective!r} is unknown; valid objectives: {sorted(_OBJECTIVE_CONFIGS)}."
             )
-        if not isinstance(self, config_class):
+        built_as = _registered_class_of(type(self))
+        if built_as is not config_class:
             raise ValueError(
-                f"objective={self.objective!r} takes its options from {config_class.__name__}: build that class, or "
-                f"RLCaptionConfig(objective={self.objective!r}, ...), instead of {type(self).__name__}."
+                f"objective={self.objective!r} takes its options from {config_class.__name__}, not "
+                f"{built_as.__name__}: build it as RLCaptionConfig(objective={self.objective!r}, ...)."
             )
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}.")
@@ -290,14 +284,10 @@ class RLCaptionConfig(TrainingArguments):
                 f"reward_funcs names an unknown reward {unknown_rewards[0]!r}; built-in rewards: "
                 f"{available_rewards()} (pass your own as callables to the trainer's `reward_funcs`)."
             )
-        if self.baseline not in BASELINES:
-            raise ValueError(f"baseline={self.baseline!r} is not one of {BASELINES}.")
         if self.loss_normalization not in LOSS_NORMALIZATIONS:
             raise ValueError(f"loss_normalization={self.loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
         if self.num_samples_per_image < 1:
             raise ValueError(f"num_samples_per_image must be >= 1, got {self.num_samples_per_image}.")
-        if self.baseline == "mean_of_others" and self.num_samples_per_image < 2:
-            raise ValueError("baseline='mean_of_others' needs num_samples_per_image >= 2.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
         if self.reward_processes < 0:
@@ -343,9 +333,18 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(f"num_completions_to_print must be >= 1, got {self.num_completions_to_print}.")
 
 
+def _registered_class_of(config_class: type[RLCaptionConfig]) -> type[RLCaptionConfig]:
+    """The most derived config class of an objective that `config_class` is, or extends (a user's subclass of
+    `SCSTConfig` is one of SCST), so that a config of one method never runs another."""
+    registered = set(_OBJECTIVE_CONFIGS.values())
+    return next(base for base in config_class.__mro__ if base in registered or base is RLCaptionConfig)
+
+
 def _where_the_option_is(name: str) -> str:
-    """`"; it is an option of WTFConfig (objective='wtf')"` for an option of another method's config, else ``."""
-    for objective, config_class in sorted(_OBJECTIVE_CONFIGS.items()):
-        if name in {option.name for option in dataclasses.fields(config_class)}:
-            return f"; it is an option of {config_class.__name__} (objective={objective!r})"
-    return ""
+    """`"; it is an option of WTFConfig (objective='wtf')"` for an option of other methods' configs, else ``."""
+    owners = [
+        f"{config_class.__name__} (objective={objective!r})"
+        for objective, config_class in sorted(_OBJECTIVE_CONFIGS.items())
+        if name in {option.name for option in dataclasses.fields(config_class)}
+    ]
+    return f"; it is an option of {' and '.join(owners)}" if owners else ""

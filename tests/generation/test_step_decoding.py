@@ -1,10 +1,15 @@
-"""When calls are captured as CUDA graphs: at a key's (a batch shape's) second call, a few kept per model. The graphs
-themselves run on a GPU only (tests/trainer/test_cuda.py); here a stand-in records the captures."""
+"""When calls are captured as CUDA graphs: at a key's (a batch shape's) second call, a few kept per model, where the
+generation config says so. The graphs themselves run on a GPU only (tests/trainer/test_cuda.py); here a stand-in
+records the captures."""
 
 import pytest
+import torch
 from torch import nn
+from transformers import GenerationConfig
 
 from rlcaption.generation import step_decoding
+from rlcaption.generation.captioners import captioner_for
+from tiny_captioners import regions_show_tell
 
 
 @pytest.fixture
@@ -60,17 +65,42 @@ def test_a_call_that_cannot_be_captured_runs_eagerly_from_then_on():
     assert len(attempts) == 1
 
 
-def test_a_graph_switch_is_set_by_its_call_and_set_back_after_a_with_block(monkeypatch):
-    use, switch = step_decoding.use_cuda_graphs, step_decoding._CUDA_GRAPHS
-    monkeypatch.setitem(switch, "enabled", True)
-    use(False)  # a plain call keeps its setting
-    assert switch["enabled"] is False
-    with use(True):
-        assert switch["enabled"] is True
-        with use(False):
-            assert switch["enabled"] is False
-        assert switch["enabled"] is True  # the value before the inner block, not a default
-    assert switch["enabled"] is False
-    with pytest.raises(KeyError), use(True):
-        raise KeyError("a failure inside the block")
-    assert switch["enabled"] is False
+def test_graphs_are_a_setting_of_the_generation_config_on_by_default():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert step_decoding.uses_cuda_graphs(GenerationConfig(), cuda)
+    assert not step_decoding.uses_cuda_graphs(GenerationConfig(cuda_graphs=False), cuda)
+    assert not step_decoding.uses_cuda_graphs(GenerationConfig(), cpu)
+    # how the loop runs, not what it decodes: the loop still decodes the config in place of generate()
+    assert step_decoding.decodes_plainly(GenerationConfig(do_sample=False, max_new_tokens=4, cuda_graphs=False))
+
+
+def test_two_models_in_one_process_decode_as_their_own_generation_configs_say(monkeypatch):
+    # the decoding loop as on a GPU, with a stand-in for the graph that records whose decoding it holds
+    graphed = []
+
+    def graph_run_eagerly(model, function, inputs, settings):
+        graphed.append(model)
+        return function(**inputs)
+
+    on_a_gpu = step_decoding.uses_cuda_graphs
+    monkeypatch.setattr(
+        step_decoding, "uses_cuda_graphs", lambda config, device: on_a_gpu(config, torch.device("cuda"))
+    )
+    monkeypatch.setattr(step_decoding, "graphed_call", graph_run_eagerly)
+    step_by_step, graphs = (
+        regions_show_tell(image_attention=False).eval(),
+        regions_show_tell(image_attention=False).eval(),
+    )
+    step_by_step.generation_config.cuda_graphs = False
+    image_inputs = {"image_features": torch.randn(2, 4, 6), "image_feature_mask": torch.ones(2, 4, dtype=torch.long)}
+    greedy = {"do_sample": False, "num_beams": 1, "max_new_tokens": 4}
+
+    def decodes_as_a_graph(model, **settings) -> bool:
+        graphed.clear()
+        captions = captioner_for(model).generate(image_inputs, GenerationConfig(**greedy, **settings))
+        assert captions.shape[0] == 2
+        return graphed == [model]
+
+    assert not decodes_as_a_graph(step_by_step) and decodes_as_a_graph(graphs)
+    # a config that says wins over the model's own setting
+    assert decodes_as_a_graph(step_by_step, cuda_graphs=True) and not decodes_as_a_graph(graphs, cuda_graphs=False)

@@ -2,6 +2,7 @@
 folders (read-only) and tiny models saved here, codeless by default and loadable without rlcaption when their
 classes are registered for `trust_remote_code`."""
 
+import ast
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from PIL import Image, ImageDraw
 from transformers import (
     AutoConfig,
@@ -24,7 +26,9 @@ from rlcaption.models import ShowTellRL, ShowTellRLConfig
 from rlcaption.processing import CaptionProcessor
 from tiny_captioners import make_show_tell
 
-PUBLISHED = Path(__file__).resolve().parents[2] / "checkpoints" / "show-tell-rl-shapes-xe"
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
+PUBLISHED = CHECKPOINTS / "show-tell-rl-shapes-xe"
+SRC = Path(__file__).resolve().parents[2] / "src"
 CAPTIONS = ["a red circle", "a blue square left of a red circle", "two shapes on a white background"]
 
 
@@ -40,6 +44,17 @@ def caption_by_generate(model, processor, image: Image.Image, **generation_kwarg
     pixel_values = processor(images=image, return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         return processor.batch_decode(model.generate(pixel_values=pixel_values, **generation_kwargs))[0]
+
+
+def absolute_imports(code: str) -> set[str]:
+    """The top-level packages a module's code imports, wherever the import statement is."""
+    modules = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.add(node.module)
+    return {module.split(".")[0] for module in modules}
 
 
 @pytest.fixture
@@ -68,6 +83,16 @@ def test_pipeline_captions_with_the_published_checkpoint():
     [output] = captioner(images=image, text="")
     expected = caption_by_generate(captioner.model, captioner.processor, image)
     assert expected and output["generated_text"] == expected
+
+
+@pytest.mark.parametrize("name", sorted(card.parent.name for card in CHECKPOINTS.glob("*/README.md")))
+def test_each_published_card_tags_the_pipeline_that_runs_its_checkpoint(name):
+    card = ModelCard.load(CHECKPOINTS / name / "README.md")
+    captions = type(AutoConfig.from_pretrained(CHECKPOINTS / name)) in AutoModelForImageTextToText._model_mapping
+    # the captioners run in transformers 5's `image-text-to-text` pipeline (it has no `image-to-text` any more); the
+    # CLIPs and the embedding score captions against images
+    assert card.data.pipeline_tag == ("image-text-to-text" if captions else "zero-shot-image-classification")
+    assert "image-to-text" not in card.data.tags
 
 
 def test_pipeline_continues_a_caption_prompt(tiny_checkpoint):
@@ -127,13 +152,17 @@ def test_checkpoint_registered_for_remote_code_captions_without_rlcaption(tmp_pa
     assert {"processing.py", "modeling_show_tell_rl.py", "encoders.py"} <= set(saved_code)
     for name, code in saved_code.items():
         # imports of the package would fail for users without it (transformers checks every import first)
-        assert "from rlcaption" not in code.split("__all__")[0], name
+        assert "rlcaption" not in absolute_imports(code), name
     image = shapes_image()
     image.save(tmp_path / "image.png")
+    # `-I` keeps the working directory and PYTHON* variables off the path; the editable install's entry for src/ is
+    # dropped by hand, so the package cannot be imported at all, as for a user who never installed it
     script = textwrap.dedent(
         """
-        import json, sys
-        sys.modules["rlcaption"] = None  # as for a user who never installed the package
+        import importlib.util, json, sys
+        from pathlib import Path
+        sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != Path("{src}")]
+        assert importlib.util.find_spec("rlcaption") is None, "rlcaption is importable"
         from PIL import Image
         from transformers import AutoProcessor, pipeline
         processor = AutoProcessor.from_pretrained("{saved}", trust_remote_code=True)
@@ -144,9 +173,9 @@ def test_checkpoint_registered_for_remote_code_captions_without_rlcaption(tmp_pa
         encoded = processor(text="A red, circle!")["input_ids"].tolist()
         print(json.dumps({{"caption": output["generated_text"], "encoded": encoded}}))
         """
-    ).format(saved=tmp_path / "saved", image=tmp_path / "image.png")
+    ).format(src=SRC, saved=tmp_path / "saved", image=tmp_path / "image.png")
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-I", "-c", script], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     remote = json.loads(result.stdout.strip().splitlines()[-1])
     assert remote["caption"] == caption_by_generate(model, processor, image, max_new_tokens=6)

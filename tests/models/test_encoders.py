@@ -1,18 +1,21 @@
+import json
+
 import pytest
 import torch
 from transformers import ResNetConfig, ViTConfig
 
 from rlcaption.data import features as feature_extraction
-from rlcaption.models import encoders
-from rlcaption.models.encoders import (
+from rlcaption.models.policy_value import PolicyValueConfig
+from rlcaption.models.shapes_clip import ShapesCLIPConfig, configuration_shapes_clip
+from rlcaption.models.show_tell_rl import ShowTellRLConfig, encoders
+from rlcaption.models.show_tell_rl.encoders import (
     BackboneImageEncoder,
     ConvImageEncoder,
     PrecomputedFeatureEncoder,
     build_image_encoder,
     pool_image_features,
 )
-from rlcaption.models.shapes_clip import ShapesCLIPConfig, configuration_shapes_clip
-from rlcaption.models.show_tell_rl import ShowTellRLConfig
+from rlcaption.models.speaker_listener import SpeakerListenerConfig
 from rlcaption.models.visual_semantic_embedding import VisualSemanticEmbeddingConfig
 
 
@@ -162,7 +165,7 @@ def test_backbone_encoder_and_feature_extraction_pool_in_one_place(monkeypatch):
 def test_encoder_types_are_named_in_one_place():
     assert configuration_shapes_clip.IMAGE_ENCODER_TYPES is encoders.IMAGE_ENCODER_TYPES
     assert set(encoders.IMAGE_ENCODER_TYPES) < set(encoders.ENCODER_TYPES)
-    # the captioner and the embedding check their encoder fields with the one function of encoders.py
+    # the captioner and the embedding check their encoder fields with the one method of encoders.py
     for config_class in (ShowTellRLConfig, VisualSemanticEmbeddingConfig):
         with pytest.raises(ValueError, match=r"expected one of \('cnn', 'backbone', 'features'\)"):
             config_class(encoder_type="transformer")
@@ -170,3 +173,33 @@ def test_encoder_types_are_named_in_one_place():
             config_class(encoder_type="features", image_feature_size=8, image_feature_layout="ragged")
     with pytest.raises(ValueError, match=r"expected one of \('cnn', 'backbone'\)"):
         ShapesCLIPConfig(encoder_type="features")
+    # the networks that mirror a captioner's image input with a CNN of their own check it with the same function
+    with pytest.raises(ValueError, match="listener_cnn_channels must be a non-empty list"):
+        SpeakerListenerConfig(listener_cnn_channels=[])
+    with pytest.raises(ValueError, match="divisible by 128 .* change image_size or value_cnn_channels"):
+        PolicyValueConfig(value_cnn_channels=[4] * 7)
+
+
+def test_image_encoder_fields_are_declared_once_and_saved_at_the_top_level(tmp_path):
+    # the captioner and the embedding have every field of the mixin; the shapes CLIP those of an image tower trained
+    # from scratch on pixels, with defaults of its own
+    for config_class in (ShowTellRLConfig, VisualSemanticEmbeddingConfig, ShapesCLIPConfig):
+        assert issubclass(config_class, encoders.ImageEncoderConfigMixin)
+    assert ShowTellRLConfig.image_encoder_defaults is encoders.IMAGE_ENCODER_DEFAULTS
+    assert VisualSemanticEmbeddingConfig.image_encoder_defaults is encoders.IMAGE_ENCODER_DEFAULTS
+    assert set(ShapesCLIPConfig.image_encoder_defaults) < set(encoders.IMAGE_ENCODER_DEFAULTS)
+    clip = ShapesCLIPConfig()
+    assert (clip.image_size, clip.cnn_channels) == (48, [16, 32, 64, 64]) and not hasattr(clip, "freeze_backbone")
+    configs = [
+        ShowTellRLConfig(encoder_type="features", image_feature_size=8, image_feature_layout="grid"),
+        VisualSemanticEmbeddingConfig(image_size=32, cnn_channels=(4, 8), freeze_image_encoder=True),
+        clip,
+    ]
+    for config in configs:
+        config.save_pretrained(tmp_path / config.model_type)
+        saved = json.loads((tmp_path / config.model_type / "config.json").read_text())
+        fields = {name: getattr(config, name) for name in config.image_encoder_defaults}
+        # flat keys, as the published checkpoints have them
+        assert {name: saved[name] for name in fields} == fields
+        reloaded = type(config).from_pretrained(tmp_path / config.model_type)
+        assert {name: getattr(reloaded, name) for name in fields} == fields

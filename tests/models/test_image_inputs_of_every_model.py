@@ -1,7 +1,7 @@
 """The value network, the listener and the visual-semantic embedding read the three kinds of image input of
-`rlcaption.models.encoders`: pixels through the CNN, pixels through a transformers vision backbone, and precomputed
-features (pooled vectors, or regions of varying count padded with a mask). Each kind: a forward, a save/load round trip
-with equal outputs, and, for regions, outputs that padding does not change."""
+`rlcaption.models.show_tell_rl.encoders`: pixels through the CNN, pixels through a transformers vision backbone, and
+precomputed features (pooled vectors, or regions of varying count padded with a mask). Each kind: a forward, a
+save/load round trip with equal outputs, and, for regions, outputs that padding does not change."""
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ from rlcaption.models import (
     VisualSemanticEmbedding,
     VisualSemanticEmbeddingConfig,
 )
-from rlcaption.models.encoders import BackboneImageEncoder, ConvImageEncoder, PrecomputedFeatureEncoder
+from rlcaption.models.show_tell_rl.encoders import BackboneImageEncoder, ConvImageEncoder, PrecomputedFeatureEncoder
 
 BOS = 1
 VOCAB_SIZE = 40

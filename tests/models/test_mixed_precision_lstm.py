@@ -8,8 +8,8 @@ import textwrap
 import pytest
 import torch
 
-from rlcaption.models import encoders
-from rlcaption.models.encoders import MixedPrecisionLSTM
+from rlcaption.models.show_tell_rl import encoders
+from rlcaption.models.show_tell_rl.encoders import MixedPrecisionLSTM
 
 
 def make_lstm_and_inputs():

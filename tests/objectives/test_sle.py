@@ -194,7 +194,6 @@ def test_sle_with_alpha_zero_weighs_each_sample_by_its_distances_to_the_same_ima
         ({"sle_distance": "cosine"}, r"sle_distance='cosine' is not one of \('bleu', 'edit'\)"),
         ({"num_samples_per_image": 1}, "needs num_samples_per_image >= 2, got 1"),
         ({"objective": "scst", "entropy_bonus_weight": -1e-2}, "entropy_bonus_weight must be >= 0"),
-        ({"entropy_bonus_weight": 1e-2}, "applies to objective='scst' only"),
     ],
 )
 def test_config_rejects_invalid_sle_settings(tmp_path, overrides, message):
@@ -203,10 +202,16 @@ def test_config_rejects_invalid_sle_settings(tmp_path, overrides, message):
         RLCaptionConfig(**settings)
 
 
+def test_sle_takes_no_option_of_its_sll_baselines(tmp_path):
+    # the SLL baselines are `scst` runs: their options are SCST's, which SLE never reads
+    for option, value in (("entropy_bonus_weight", 1e-2), ("baseline", "greedy")):
+        with pytest.raises(TypeError, match=f"SLEConfig has no option '{option}'.*SCSTConfig"):
+            RLCaptionConfig(output_dir=str(tmp_path), use_cpu=True, objective="sle", **{option: value})
+
+
 def test_config_defaults_are_the_papers(tmp_path):
     config = RLCaptionConfig(output_dir=str(tmp_path), use_cpu=True, objective="sle")
     assert (config.sle_alpha, config.sle_distance, config.num_samples_per_image) == (0.75, "bleu", 5)
-    assert config.entropy_bonus_weight == 0.0
     # one sample per image is fine for objectives that do not compare samples
     RLCaptionConfig(
         output_dir=str(tmp_path), use_cpu=True, objective="scst", num_samples_per_image=1, baseline="greedy"

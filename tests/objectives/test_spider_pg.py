@@ -181,7 +181,10 @@ def test_the_rollout_loop_a_gpu_captures_as_a_graph_gives_the_step_by_step_rollo
         return function(**{name: tensor.clone() for name, tensor in inputs.items()})
 
     monkeypatch.setattr(spider_pg_module, "graphed_call", graph_run_eagerly)
-    monkeypatch.setattr(spider_pg_module, "captures_graphs_on", lambda device: True)
+    on_a_gpu = spider_pg_module.uses_cuda_graphs
+    monkeypatch.setattr(
+        spider_pg_module, "uses_cuda_graphs", lambda config, device: on_a_gpu(config, torch.device("cuda"))
+    )
     graphed = sample_rollouts(
         model, {"pixel_values": pixel_values}, sequences, mask, drop_finished_rows=False, **common
     )
@@ -190,6 +193,12 @@ def test_the_rollout_loop_a_gpu_captures_as_a_graph_gives_the_step_by_step_rollo
     assert torch.equal(graphed.sequences, step_by_step.sequences)
     assert torch.equal(graphed.caption_index, step_by_step.caption_index)
     assert torch.equal(graphed.prefix_length, step_by_step.prefix_length)
+    # a policy whose generation config turns graphs off rolls out step by step, as its own decodings do
+    model.generation_config.cuda_graphs = False
+    kept_rows = sample_rollouts(
+        model, {"pixel_values": pixel_values}, sequences, mask, drop_finished_rows=False, **common
+    )
+    assert len(graph_rows) == 1 and torch.equal(kept_rows.sequences, step_by_step.sequences)
 
 
 def test_rollout_rows_are_padded_to_a_few_counts_at_most_a_quarter_larger():

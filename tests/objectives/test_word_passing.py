@@ -4,10 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from rlcaption import WORD_PASSING_MODES, PassedWords, decode_with_word_passing, soft_word_embeddings
 from rlcaption.models import SpeakerListener
+from rlcaption.models.captions import soft_word_embeddings
 from rlcaption.models.show_tell_rl import ShowTellRL, ShowTellRLConfig
 from rlcaption.objectives import word_passing
+from rlcaption.objectives.word_passing import WORD_PASSING_MODES, PassedWords, decode_with_word_passing
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB_SIZE = 30

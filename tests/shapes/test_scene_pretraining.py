@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from rlcaption.data import load_shapes
-from rlcaption.models.encoders import ConvImageEncoder
+from rlcaption.models.show_tell_rl.encoders import ConvImageEncoder
 from rlcaption.processing import CaptionProcessor
 from rlcaption.shapes.dataset import COLORS, SHAPES
 from rlcaption.shapes.scene_pretraining import pretrain_image_encoder_on_scenes, scene_cell_labels

@@ -3,6 +3,7 @@ there: test_recurrent_training_mode.py)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -141,15 +142,17 @@ def test_the_decoding_graph_draws_what_step_by_step_decoding_draws(tmp_path, pre
             for setting in settings:
                 config = captioner.complete_generation_config(setting)
                 decoded = []
-                for cuda_graphs in (False, True, True):  # the second graph call replays the captured graph
+                step_by_step = copy.deepcopy(config)
+                step_by_step.cuda_graphs = False
+                for decoding in (step_by_step, config, config):  # the second graph call replays the captured graph
                     torch.manual_seed(update)
                     with evaluation_mode(model), autocast:
-                        decoded.append(decode(model, image_inputs, config, cuda_graphs=cuda_graphs))
+                        decoded.append(decode(model, image_inputs, decoding))
                 assert torch.equal(decoded[0], decoded[1]) and torch.equal(decoded[0], decoded[2])
                 # untrimmed, as an RL step asks for it so as not to wait: the same tokens, padded to the budget
                 torch.manual_seed(update)
                 with evaluation_mode(model), autocast:
-                    untrimmed = decode(model, image_inputs, config, cuda_graphs=True, trim=False)
+                    untrimmed = decode(model, image_inputs, config, trim=False)
                 width = decoded[0].shape[1]
                 assert untrimmed.shape == (decoded[0].shape[0], config.max_new_tokens + 1)
                 assert torch.equal(untrimmed[:, :width], decoded[0])
@@ -198,8 +201,8 @@ def test_rollouts_replayed_as_a_graph_are_those_of_the_step_by_step_loop(tmp_pat
     rollouts = []
     # step by step, then with graphs: the first call runs eagerly, the second captures and replays, the third replays
     for cuda_graphs in (False, True, True, True):
-        with step_decoding.use_cuda_graphs(cuda_graphs):
-            rollouts.append(sample_rollouts(model, inputs, sequences, mask, **common).sequences)
+        model.generation_config.cuda_graphs = cuda_graphs
+        rollouts.append(sample_rollouts(model, inputs, sequences, mask, **common).sequences)
     assert len(step_decoding._CAPTURED_CALLS[model]) == 1
     # the graph's loop, run eagerly on the same padded rows: the same rollouts, token for token
     with monkeypatch.context() as patch:

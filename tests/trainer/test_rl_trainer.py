@@ -323,11 +323,12 @@ def test_gradient_accumulation_averages_the_micro_batch_gradients(objective, tin
     def fixed_reward(completions, **kwargs):
         return [float(len(caption)) / 100 for caption in completions]
 
+    sampling = {"temperature": 1e-8, **({"baseline": "none"} if objective == "scst" else {})}
     trainer = make_trainer(
         model, tiny_processor, tiny_shapes, tmp_path, objective=objective, reward_funcs=[fixed_reward],
         per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1, learning_rate=1.0,
-        optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0, baseline="none", temperature=1e-8,
-        data_collator=RecordingCollator(tiny_processor),
+        optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0, data_collator=RecordingCollator(tiny_processor),
+        **sampling,
     )  # fmt: skip
     torch.manual_seed(11)
     trainer.train()
@@ -336,7 +337,7 @@ def test_gradient_accumulation_averages_the_micro_batch_gradients(objective, tin
     # the same two micro-batches by hand: the update is the mean of their gradients (plain SGD, lr 1)
     reference_trainer = make_trainer(
         reference, tiny_processor, tiny_shapes, tmp_path / "ref", objective=objective, reward_funcs=[fixed_reward],
-        baseline="none", temperature=1e-8,
+        **sampling,
     )  # fmt: skip
     for batch in seen_batches[:2]:
         (reference_trainer.objective.compute_loss(reference, batch) / 2).backward()

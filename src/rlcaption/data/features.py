@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from transformers import AutoImageProcessor, AutoModel
 
 from ..hub import check_pretrained_reference
-from ..models.encoders import POOLING_MODES, pool_image_features
+from ..models.show_tell_rl.encoders import POOLING_MODES, pool_image_features
 from ..shapes.dataset import load_shapes, save_dataset_atomically
 from .images import convert_to_rgb
 
@@ -212,7 +212,7 @@ def extract_features(
         dataset (`datasets.DatasetDict` or `datasets.Dataset`): with an `image` column (`datasets.Image`).
         model_name_or_path (`str` or `os.PathLike`): a Hub id or local folder loadable with `AutoModel` and
             `AutoImageProcessor` (ViT, DINOv2, ResNet, CLIP, SigLIP, ...); the features are pooled by
-            [`rlcaption.models.encoders.pool_image_features`], as the `"backbone"` encoder pools them.
+            [`rlcaption.models.show_tell_rl.encoders.pool_image_features`], as the `"backbone"` encoder pools them.
         output_dir (`str` or `os.PathLike`): where shards and the resulting dataset are written (see the module
             docstring). Rerunning with the same arguments resumes: finished shards are not recomputed.
         batch_size (`int`, *optional*, defaults to 32): images per forward pass.

@@ -190,7 +190,6 @@ def decode_blip(
     model: nn.Module,
     image_inputs: Mapping[str, torch.Tensor],
     config: GenerationConfig,
-    cuda_graphs: bool | None = None,
     image_embeds: torch.FloatTensor | None = None,
     trim: bool = True,
 ) -> torch.LongTensor:
@@ -201,8 +200,8 @@ def decode_blip(
     dropout the captions come from the same distribution but are other draws, since the cross-attention dropout masks
     are laid out by image.
 
-    On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding after the image
-    encoding is one CUDA graph, captured at the second call for each batch shape. `image_embeds`, the vision model's
+    On a CUDA device, unless `config.cuda_graphs` is False, the decoding after the image encoding is one CUDA graph,
+    captured at the second call for each batch shape. `image_embeds`, the vision model's
     output for `image_inputs` when computed already, saves encoding the same images again. `trim=False` lets a
     graph's decoding be returned `max_new_tokens + 1` wide, without waiting for the device (see [`decode_steps`]).
 
@@ -215,6 +214,4 @@ def decode_blip(
     if image_embeds is None:
         image_embeds = model.vision_model(pixel_values=image_inputs["pixel_values"]).last_hidden_state
     state = BlipDecodingState(image_embeds, captions_per_image=config.num_return_sequences or 1)
-    return decode_steps(
-        model, functools.partial(blip_step, model), state, state.num_captions, config, cuda_graphs, trim
-    )
+    return decode_steps(model, functools.partial(blip_step, model), state, state.num_captions, config, trim)

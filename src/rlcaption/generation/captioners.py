@@ -223,11 +223,18 @@ class Captioner:
         return self.model
 
     def complete_generation_config(self, generation_config: GenerationConfig) -> GenerationConfig:
-        """A copy of `generation_config` with the model's special token ids (see [`CaptionTokens`])."""
+        """A copy of `generation_config` with the model's special token ids (see [`CaptionTokens`]), and the model's
+        own `generation_config.cuda_graphs` where `generation_config` sets none (see
+        [`rlcaption.generation.step_decoding.uses_cuda_graphs`])."""
         config = copy.deepcopy(generation_config)
         setattr(config, self.start_token_field, self.tokens.start_token_id)
         config.eos_token_id = self.tokens.end_token_id
         config.pad_token_id = self.tokens.pad_token_id
+        # how the decoding loop runs, not what it decodes: the model's setting carries over, as generate() carries a
+        # model's own entries into a config that lacks them
+        own_config = self.model.generation_config
+        if not hasattr(config, "cuda_graphs") and hasattr(own_config, "cuda_graphs"):
+            config.cuda_graphs = own_config.cuda_graphs
         return config
 
     def generate(
@@ -243,11 +250,11 @@ class Captioner:
         checkpoint's repetition penalty, n-gram blocking, length limits, forced or banned tokens would still apply.
         The model's generation config is therefore replaced by the completed one for the call: the settings of
         `generation_config` (and the library defaults for what it leaves unset) win, the checkpoint keeps only its
-        special token ids.
+        special token ids (and its `cuda_graphs`, see [`complete_generation_config`]).
 
         A family with a decoding loop of its own (ours, BLIP) decodes a config that [`decodes_plainly`] in that loop:
-        the same captions for the same seed, without `generate()`'s overhead per token. `decoding_loop=False` asks
-        for `generate()` itself.
+        the same captions for the same seed, without `generate()`'s overhead per token, as a CUDA graph on a GPU
+        unless the completed config's `cuda_graphs` is False. `decoding_loop=False` asks for `generate()` itself.
 
         Returns:
             what `generate()` returns: the sequences `(num_captions, length)`, starting with the start token, or a

@@ -29,7 +29,6 @@ def decode_recurrent(
     model: nn.Module,
     image_inputs: Mapping[str, torch.Tensor],
     config: GenerationConfig,
-    cuda_graphs: bool | None = None,
     initial_state: Any = None,
     trim: bool = True,
 ) -> torch.LongTensor:
@@ -38,9 +37,9 @@ def decode_recurrent(
     with `initial_state(**image_inputs)` and `step(token_ids, state)`), as `model.generate(**image_inputs,
     generation_config=config)` does for a config that [`decodes_plainly`]. Call it in the mode to decode in.
 
-    On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding after the image
-    encoding is one CUDA graph, captured at the second call for each batch shape (a few are kept per model); it draws
-    the same captions as step-by-step decoding. `initial_state`, the model's `initial_state(**image_inputs)` when
+    On a CUDA device, unless `config.cuda_graphs` is False, the decoding after the image encoding is one CUDA graph,
+    captured at the second call for each batch shape (a few are kept per model); it draws the same captions as
+    step-by-step decoding. `initial_state`, the model's `initial_state(**image_inputs)` when
     computed already, saves encoding the same images again for another decoding of them. `trim=False` lets a
     graph's decoding be returned `max_new_tokens + 1` wide, without waiting for the device (see [`decode_steps`]).
 
@@ -55,4 +54,4 @@ def decode_recurrent(
     if captions_per_image > 1:
         state = state.repeat_interleave(captions_per_image)
     step = functools.partial(_step_logits, model)
-    return decode_steps(model, step, state, state.hidden.shape[1], config, cuda_graphs, trim)
+    return decode_steps(model, step, state, state.hidden.shape[1], config, trim)

@@ -10,6 +10,12 @@ the same logits warpers in the same order, the same draw from torch's generator,
 seed — and asks whether all captions have ended only every few tokens. On a GPU it goes further: the whole decoding
 after the image encoding is captured as a CUDA graph (at a batch shape's second decoding) and replayed, one launch
 for every kernel of every token.
+
+Whether it does is a setting of the generation config the loop is given, `cuda_graphs` (True when absent), beside
+the decoding settings, as transformers keeps `disable_compile` there: `GenerationConfig(..., cuda_graphs=False)`
+decodes step by step. A model's own `generation_config.cuda_graphs` holds for the decodings of that model whose
+config does not set it ([`rlcaption.generation.captioners.Captioner.complete_generation_config`]), so two models in
+one process may differ.
 """
 
 from __future__ import annotations
@@ -34,8 +40,6 @@ from transformers.utils import logging
 
 __all__ = [
     "CapturedCall",
-    "SwitchChange",
-    "captures_graphs_on",
     "check_decodes_plainly",
     "decode_steps",
     "decodes_plainly",
@@ -45,21 +49,29 @@ __all__ = [
     "logits_warpers",
     "split_state",
     "state_with",
-    "use_cuda_graphs",
+    "uses_cuda_graphs",
 ]
 
 logger = logging.get_logger(__name__)
 
-# The settings this loop honours; any other setting a config changes from the library defaults is left to generate().
+# The settings this loop honours (`cuda_graphs`: how it runs, not what it decodes); any other setting a config changes
+# from the library defaults is left to generate().
 PLAIN_SETTINGS = frozenset(
     {
         "do_sample", "num_beams", "temperature", "top_k", "top_p", "max_new_tokens", "num_return_sequences",
-        "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "_from_model_config",
+        "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "_from_model_config", "cuda_graphs",
     }
 )  # fmt: skip
 # Tokens decoded between two checks of whether every caption has ended: each check waits for the device, and a few
 # steps past the end of the last caption cost less than a wait per token.
 STEPS_BETWEEN_END_CHECKS = 4
+
+
+def uses_cuda_graphs(config: GenerationConfig, device: torch.device) -> bool:
+    """Whether a decoding with `config` on `device` runs as CUDA graphs: on a CUDA device, unless `config.cuda_graphs`
+    is False (e.g. to compare with running it step by step). Graphs captured already are kept for when they are used
+    again; they are freed with their model."""
+    return device.type == "cuda" and getattr(config, "cuda_graphs", True)
 
 
 def decodes_plainly(config: GenerationConfig) -> bool:
@@ -252,21 +264,15 @@ def _captured(model: nn.Module, key: tuple, capture: Callable[[], CapturedCall])
 
 
 def graphed_call(
-    model: nn.Module,
-    function: Callable[..., torch.Tensor],
-    inputs: Mapping[str, torch.Tensor],
-    settings: tuple,
-    enabled: bool | None = None,
+    model: nn.Module, function: Callable[..., torch.Tensor], inputs: Mapping[str, torch.Tensor], settings: tuple
 ) -> torch.Tensor | None:
     """
     `function(**inputs)` replayed as the CUDA graph of `model` for these shapes and `settings` (captured at their
     second call, a few kept per model; see [`CapturedCall`] for what `function` may do), or None where the caller
-    runs it eagerly: not on one CUDA device, graphs not `enabled` (by default as [`use_cuda_graphs`] set it, on), the
-    first call of a key, or an operation that a graph cannot capture. `settings` holds whatever else `function` bakes
-    in (sizes, sampling settings, special tokens).
+    runs it eagerly: not on one CUDA device, the first call of a key, or an operation that a graph cannot capture.
+    `settings` holds whatever else `function` bakes in (sizes, sampling settings, special tokens). Callers call it
+    where [`uses_cuda_graphs`] says so.
     """
-    if not (_CUDA_GRAPHS["enabled"] if enabled is None else enabled):
-        return None
     key = graph_key(model, inputs, settings)
     graph = None if key is None else _captured(model, key, lambda: CapturedCall(function, inputs))
     return None if graph is None else graph(inputs)
@@ -301,38 +307,6 @@ def _decoding_from(
     return sequences
 
 
-_CUDA_GRAPHS = {"enabled": True}
-
-
-class SwitchChange:
-    """A module-wide switch set at once, by [`use_cuda_graphs`] or
-    [`rlcaption.models.training_graphs.use_training_graphs`]; used as a context manager, the switch is set back to
-    what it was when the block ends, however it ends (as with `torch.set_grad_enabled`)."""
-
-    def __init__(self, switch: dict[str, bool], enabled: bool):
-        self.switch, self.previous = switch, switch["enabled"]
-        switch["enabled"] = enabled
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exception) -> None:
-        self.switch["enabled"] = self.previous
-
-
-def use_cuda_graphs(enabled: bool) -> SwitchChange:
-    """Whether [`decode_steps`] (the decoding loops) and [`graphed_call`] (also `spider_pg`'s rollouts) capture their
-    loops on CUDA devices as CUDA graphs (the default), e.g. to compare with running them step by step; for a block
-    only as `with use_cuda_graphs(False): ...`. Graphs captured already are kept for when they are used again; they
-    are freed with their model."""
-    return SwitchChange(_CUDA_GRAPHS, enabled)
-
-
-def captures_graphs_on(device: torch.device) -> bool:
-    """Whether calls on `device` may run as CUDA graphs: a CUDA device, with [`use_cuda_graphs`] on."""
-    return device.type == "cuda" and _CUDA_GRAPHS["enabled"]
-
-
 @torch.no_grad()
 def decode_steps(
     model: nn.Module,
@@ -340,7 +314,6 @@ def decode_steps(
     state: Any,
     num_captions: int,
     config: GenerationConfig,
-    cuda_graphs: bool | None = None,
     trim: bool = True,
 ) -> torch.LongTensor:
     """
@@ -348,9 +321,9 @@ def decode_steps(
     `generate()` does for a config that [`decodes_plainly`]. `step` must not modify the tensors of the state it is
     given: a CUDA graph of the decoding reads its initial state at every replay.
 
-    On a CUDA device, with `cuda_graphs` (by default as [`use_cuda_graphs`] set it, on), the decoding is one CUDA
-    graph, captured at the second call for each batch shape (a few are kept per `model`, the module whose parameters
-    `step` reads); it draws the same captions as step-by-step decoding.
+    On a CUDA device, unless `config.cuda_graphs` is False ([`uses_cuda_graphs`]), the decoding is one CUDA graph,
+    captured at the second call for each batch shape (a few are kept per `model`, the module whose parameters `step`
+    reads); it draws the same captions as step-by-step decoding.
 
     Trimming the sequences after the end of the longest caption, as `generate()` does, reads the device's values, so
     it waits until the decoding is done. With `trim=False`, a decoding replayed as a graph is returned `max_new_tokens
@@ -366,14 +339,14 @@ def decode_steps(
     check_decodes_plainly(config)
     sequences = None
     device = _state_device(state)
-    if captures_graphs_on(device) if cuda_graphs is None else cuda_graphs and device.type == "cuda":
+    if uses_cuda_graphs(config, device):
         template, state_tensors = split_state(state)
         settings = (
             "decoding", num_captions, config.do_sample, config.temperature, config.top_k, config.top_p,
             config.max_new_tokens, config.bos_token_id, config.eos_token_id, config.pad_token_id,
         )  # fmt: skip
         decoding = functools.partial(_decoding_from, step, template, num_captions, config)
-        sequences = graphed_call(model, decoding, state_tensors, settings, enabled=True)
+        sequences = graphed_call(model, decoding, state_tensors, settings)
     if sequences is not None:
         return _trim_after_last_end(sequences, config.eos_token_id) if trim else sequences
     sequences = torch.empty(num_captions, config.max_new_tokens + 1, dtype=torch.long, device=device)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from huggingface_hub import create_repo, upload_folder
 
-from ..models.hub_errors import HUB_CONNECTION_ERRORS
+from ..models.show_tell_rl.hub_errors import HUB_CONNECTION_ERRORS
 
 __all__ = ["publish_folder"]
 

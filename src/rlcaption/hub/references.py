@@ -13,7 +13,7 @@ from huggingface_hub import try_to_load_from_cache as _try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import get_session, validate_repo_id
 
-from ..models.hub_errors import HUB_CONNECTION_ERRORS
+from ..models.show_tell_rl.hub_errors import HUB_CONNECTION_ERRORS
 
 __all__ = ["HUB_CONNECTION_ERRORS", "HUB_PROBE_TIMEOUT", "check_pretrained_reference", "hub_unreachable_reason"]
 

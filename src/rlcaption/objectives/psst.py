@@ -7,8 +7,9 @@ A [`SpeakerListener`]'s speaker and listener minimise together (eq. 1)
     λ · l_disc(w, I) + (1 − λ) · l_nat(w)
 
 - `l_nat = −CIDEr-D(w)` needs discrete words, so it is optimised by REINFORCE: it is exactly the loss of the `scst`
-  objective (samples, rewards, `baseline` and `loss_normalization` of the config; the self-critical greedy baseline
-  by default) on captions sampled as test-time decoding would, in evaluation mode.
+  objective without its entropy bonus ([`self_critical_loss`]: samples, rewards, `baseline` and `loss_normalization`
+  of the config; the self-critical greedy baseline by default) on captions sampled as test-time decoding would, in
+  evaluation mode.
 - `l_disc` (eq. 2, VSE++ with the hardest negatives of the batch in both directions, margin 1) is the listener's loss
   on the words the speaker passes while decoding with gradients ([`decode_with_word_passing`] in mode `psst_mode`):
   straight-through one-hots (`st`, ρ = 0), Gumbel-softmax vectors (`gumbel`, `st_gumbel`), or PSST's per-step mix of
@@ -46,9 +47,10 @@ from torch.func import functional_call
 from ..generation.decoding import evaluation_mode, forward_through, image_inputs_of
 from ..models.captions import soft_word_embeddings
 from ..models.speaker_listener import SpeakerListener
+from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective
 from .policy_gradient import policy_gradient_loss
-from .scst import SCSTConfig, SCSTObjective
+from .scst import check_self_critical_baseline, self_critical_loss
 from .word_passing import WORD_PASSING_MODES, decode_with_word_passing
 
 PSST_SCHEDULES = ("joint", "alternating")
@@ -67,13 +69,22 @@ __all__ = [
 
 
 @dataclass
-class PSSTConfig(SCSTConfig):
+class PSSTConfig(RLCaptionConfig):
     """
     Configuration of `objective="psst"` (Vered et al. 2019): the weight λ of the listener's loss, how words are passed
-    to the listener, and the listener's training, besides SCST's fields for the naturalness term.
+    to the listener, the listener's training, and the reward baseline of the naturalness term, besides the shared
+    fields of [`RLCaptionConfig`].
     """
 
     objective: str = field(default="psst", metadata={"help": "Training objective: `psst`."})
+    baseline: str = field(
+        default="greedy",
+        metadata={
+            "help": "Reward baseline of the naturalness term of `psst`, `scst`'s REINFORCE: `greedy` (reward of the "
+            "greedy caption, Rennie et al. 2017), `mean_of_others` (mean reward of the other samples of the same "
+            "image) or `none`."
+        },
+    )
     psst_lambda: float = field(
         default=5e-3,
         metadata={
@@ -85,7 +96,7 @@ class PSSTConfig(SCSTConfig):
     psst_mode: str = field(
         default="psst",
         metadata={
-            "help": "How the `psst` speaker passes words to the listener (`rlcaption.word_passing`): `st` "
+            "help": "How the `psst` speaker passes words to the listener (`rlcaption.objectives.word_passing`): `st` "
             "(straight-through one-hots, ρ = 0), `psst` (the full distribution at a share `psst_rho` of the steps), "
             "`gumbel` (Gumbel-softmax vectors), `st_gumbel`, `psst_gumbel`, or `reinforce` (plain one-hots; the "
             "speaker is rewarded by the negated listener loss)."
@@ -161,6 +172,7 @@ class PSSTConfig(SCSTConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        check_self_critical_baseline(self.baseline, self.num_samples_per_image)
         if not 0.0 <= self.psst_lambda <= 1.0:
             raise ValueError(f"psst_lambda weighs two losses and must be in [0, 1], got {self.psst_lambda}.")
         if self.psst_mode not in WORD_PASSING_MODES:
@@ -328,7 +340,6 @@ class PSSTObjective(CaptionObjective):
                 f"{type(model).__name__}. Wrap a trained captioner with `SpeakerListener.from_speaker(captioner)`."
             )
         self.listener = model.detach_listener()
-        self.naturalness = SCSTObjective(trainer)
 
     def auxiliary_networks(self) -> dict[str, AuxiliaryNetwork]:
         return {"listener": AuxiliaryNetwork(self.listener, learning_rate=self.args.listener_learning_rate)}
@@ -481,6 +492,6 @@ class PSSTObjective(CaptionObjective):
             self._record_listener_metrics(terms.listener_losses, terms.similarities)
             self.trainer.record_metric("soft_step_share", terms.soft_step_share)
         if weight < 1:
-            naturalness = (1 - weight) * self.naturalness.compute_loss(model, inputs)
+            naturalness = (1 - weight) * self_critical_loss(self.trainer, model, inputs, self.args.baseline)
             loss = naturalness if loss is None else loss + naturalness
         return loss

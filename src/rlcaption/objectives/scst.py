@@ -20,7 +20,7 @@ from ..generation.decoding import (
     sample_token_log_probs_and_entropies,
 )
 from ..rl_config import RLCaptionConfig
-from .base import CaptionObjective, register_objective, reward_tensor
+from .base import CaptionObjective, TrainerInterface, register_objective, reward_tensor
 from .policy_gradient import (
     policy_gradient_loss,
     sample_captions_to_score,
@@ -28,17 +28,46 @@ from .policy_gradient import (
     start_sample_rewards,
 )
 
-__all__ = ["SCSTConfig", "SCSTObjective", "mean_token_entropy"]
+__all__ = [
+    "BASELINES",
+    "SCSTConfig",
+    "SCSTObjective",
+    "check_self_critical_baseline",
+    "mean_token_entropy",
+    "self_critical_loss",
+]
+
+# What the reward of a sample is compared with: the greedy caption's reward (self-critical, Rennie et al. 2017), the
+# mean reward of the image's other samples, or nothing.
+BASELINES = ("greedy", "mean_of_others", "none")
+
+
+def check_self_critical_baseline(baseline: str, num_samples_per_image: int) -> None:
+    """Raises for a `baseline` that is not one of [`BASELINES`], or one that the samples per image cannot give."""
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline={baseline!r} is not one of {BASELINES}.")
+    if baseline == "mean_of_others" and num_samples_per_image < 2:
+        raise ValueError(
+            f"baseline='mean_of_others' needs num_samples_per_image >= 2, got {num_samples_per_image}: an image's "
+            "sample needs other samples to be compared with."
+        )
 
 
 @dataclass
 class SCSTConfig(RLCaptionConfig):
     """
-    Configuration of `objective="scst"`: the shared fields of [`RLCaptionConfig`] (samples per image, `baseline`,
-    rewards, sampling) and the entropy bonus.
+    Configuration of `objective="scst"`: the reward baseline and the entropy bonus, besides the shared fields of
+    [`RLCaptionConfig`] (samples per image, rewards, sampling).
     """
 
     objective: str = field(default="scst", metadata={"help": "Training objective: `scst`."})
+    baseline: str = field(
+        default="greedy",
+        metadata={
+            "help": "Reward baseline of `scst`: `greedy` (reward of the greedy caption, Rennie et al. 2017), "
+            "`mean_of_others` (mean reward of the other samples of the same image) or `none`."
+        },
+    )
     entropy_bonus_weight: float = field(
         default=0.0,
         metadata={
@@ -50,13 +79,9 @@ class SCSTConfig(RLCaptionConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        check_self_critical_baseline(self.baseline, self.num_samples_per_image)
         if self.entropy_bonus_weight < 0:
             raise ValueError(f"entropy_bonus_weight must be >= 0 (0 disables it), got {self.entropy_bonus_weight}.")
-        if self.entropy_bonus_weight > 0 and self.objective != "scst":
-            raise ValueError(
-                f"entropy_bonus_weight={self.entropy_bonus_weight} applies to objective='scst' only, got "
-                f"objective={self.objective!r}; set it to 0 or train with scst."
-            )
 
 
 def mean_token_entropy(token_entropies: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
@@ -69,6 +94,65 @@ def mean_token_entropy(token_entropies: torch.Tensor, token_mask: torch.Tensor) 
         token_mask (`torch.FloatTensor` of shape `(N, T)`): 1 on the caption's tokens (end token included).
     """
     return token_entropies.masked_fill(token_mask == 0, 0.0).sum() / token_mask.sum().clamp(min=1.0)
+
+
+def self_critical_loss(
+    trainer: TrainerInterface,
+    model: nn.Module,
+    inputs: dict[str, Any],
+    baseline: str,
+    entropy_bonus_weight: float = 0.0,
+) -> torch.Tensor:
+    """
+    The SCST loss of a batch: REINFORCE on `num_samples_per_image` captions sampled per image, scored by the
+    trainer's rewards against `baseline` (one of [`BASELINES`]), with `−w · H` added for an `entropy_bonus_weight` w >
+    0. [`SCSTObjective`]'s loss, and the naturalness term of `psst`.
+    """
+    args = trainer.args
+    num_samples = args.num_samples_per_image
+    batch_size = len(inputs["references"])
+
+    # 1. sample k captions per image from the current policy (and decode the greedy baseline of the same images); on
+    # a GPU the device may still be sampling when this returns
+    samples, sample_index, greedy = sample_captions_to_score(
+        trainer, inputs, num_samples, greedy_baseline=baseline == "greedy"
+    )
+
+    # 2. the samples' log-probabilities under the distribution that sampled them (evaluation mode, no dropout: see
+    # rlcaption.generation.decoding), with gradient, through the wrapped model; with the entropy bonus, also the
+    # entropies of the same forward pass. Queued before the texts are read for the rewards, which waits for the
+    # samples.
+    image_inputs = image_inputs_of(inputs)
+    mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
+    if entropy_bonus_weight == 0:
+        log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
+    else:
+        log_probs, entropies = sample_token_log_probs_and_entropies(
+            model, image_inputs, samples.sequences, image_index=sample_index
+        )
+    pending_rewards = start_sample_rewards(trainer, inputs, samples, num_samples)
+    pending_greedy = None if greedy is None else start_greedy_rewards(trainer, inputs, greedy)
+
+    # 3. baseline, independent of the sample it is subtracted from
+    rewards = pending_rewards.result()  # (B*k,)
+    if baseline == "greedy":
+        baselines = np.repeat(pending_greedy.result(), num_samples)
+    elif baseline == "mean_of_others":
+        per_image = rewards.reshape(batch_size, num_samples)
+        baselines = ((per_image.sum(axis=1, keepdims=True) - per_image) / (num_samples - 1)).reshape(-1)
+    else:
+        baselines = np.zeros_like(rewards)
+    advantages = reward_tensor(rewards - baselines, samples.sequences.device)
+    trainer.record_metric("advantage_std", advantages.std() if advantages.numel() > 1 else 0.0)
+    trainer.record_metric("sample_length", mask.sum(dim=1).mean())
+    loss = policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
+    if entropy_bonus_weight == 0:
+        return loss
+
+    # 4. maximum-entropy bonus (SLL-ME)
+    entropy = mean_token_entropy(entropies, mask)
+    trainer.record_metric("entropy", entropy)
+    return loss - entropy_bonus_weight * entropy
 
 
 @register_objective
@@ -91,48 +175,4 @@ class SCSTObjective(CaptionObjective):
     config_class = SCSTConfig
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        args, trainer = self.args, self.trainer
-        num_samples = args.num_samples_per_image
-        batch_size = len(inputs["references"])
-
-        # 1. sample k captions per image from the current policy (and decode the greedy baseline of the same images);
-        # on a GPU the device may still be sampling when this returns
-        samples, sample_index, greedy = sample_captions_to_score(
-            trainer, inputs, num_samples, greedy_baseline=args.baseline == "greedy"
-        )
-
-        # 2. the samples' log-probabilities under the distribution that sampled them (evaluation mode, no dropout: see
-        # rlcaption.generation.decoding), with gradient, through the wrapped model; with the entropy bonus, also the
-        # entropies of the same forward pass. Queued before the texts are read for the rewards, which waits for the
-        # samples.
-        image_inputs = image_inputs_of(inputs)
-        mask = caption_token_mask(samples.sequences, trainer.eos_token_id)
-        if args.entropy_bonus_weight == 0:
-            log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
-        else:
-            log_probs, entropies = sample_token_log_probs_and_entropies(
-                model, image_inputs, samples.sequences, image_index=sample_index
-            )
-        pending_rewards = start_sample_rewards(trainer, inputs, samples, num_samples)
-        pending_greedy = None if greedy is None else start_greedy_rewards(trainer, inputs, greedy)
-
-        # 3. baseline, independent of the sample it is subtracted from
-        rewards = pending_rewards.result()  # (B*k,)
-        if args.baseline == "greedy":
-            baselines = np.repeat(pending_greedy.result(), num_samples)
-        elif args.baseline == "mean_of_others":
-            per_image = rewards.reshape(batch_size, num_samples)
-            baselines = ((per_image.sum(axis=1, keepdims=True) - per_image) / (num_samples - 1)).reshape(-1)
-        else:
-            baselines = np.zeros_like(rewards)
-        advantages = reward_tensor(rewards - baselines, samples.sequences.device)
-        trainer.record_metric("advantage_std", advantages.std() if advantages.numel() > 1 else 0.0)
-        trainer.record_metric("sample_length", mask.sum(dim=1).mean())
-        loss = policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
-        if args.entropy_bonus_weight == 0:
-            return loss
-
-        # 4. maximum-entropy bonus (SLL-ME)
-        entropy = mean_token_entropy(entropies, mask)
-        trainer.record_metric("entropy", entropy)
-        return loss - args.entropy_bonus_weight * entropy
+        return self_critical_loss(self.trainer, model, inputs, self.args.baseline, self.args.entropy_bonus_weight)

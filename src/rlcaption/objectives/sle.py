@@ -16,6 +16,7 @@ from torch import nn
 
 from ..generation.decoding import caption_token_mask, image_inputs_of, sample_token_log_probs
 from ..metrics.diversity import PAIRWISE_DISTANCES, pairwise_caption_distances
+from ..rl_config import RLCaptionConfig
 from .base import CaptionObjective, register_objective, reward_tensor
 from .policy_gradient import (
     policy_gradient_loss,
@@ -23,7 +24,6 @@ from .policy_gradient import (
     start_greedy_rewards,
     start_sample_rewards,
 )
-from .scst import SCSTConfig
 
 __all__ = ["SLEConfig", "SLEObjective", "sequence_level_exploration_advantages", "sequence_level_exploration_loss"]
 
@@ -117,13 +117,14 @@ def sequence_level_exploration_loss(
 
 
 @dataclass
-class SLEConfig(SCSTConfig):
+class SLEConfig(RLCaptionConfig):
     """
-    Configuration of `objective="sle"`, and of its baselines SLL (`objective="scst"`) and SLL-ME (`scst` with
-    `entropy_bonus_weight`), so that one recipe runs the paper's comparison.
+    Configuration of `objective="sle"` (Chen & Jin 2020): the weight of precision against diversity and the distance
+    between two samples, besides the shared fields of [`RLCaptionConfig`]. The paper's baselines SLL and SLL-ME are
+    `scst` runs, configured by [`SCSTConfig`].
     """
 
-    objective: str = field(default="sle", metadata={"help": "Training objective: `sle`, or `scst` for SLL / SLL-ME."})
+    objective: str = field(default="sle", metadata={"help": "Training objective: `sle`."})
     sle_alpha: float = field(
         default=0.75,
         metadata={
@@ -147,7 +148,7 @@ class SLEConfig(SCSTConfig):
             raise ValueError(f"sle_alpha must be in [0, 1] (1 is precision only), got {self.sle_alpha}.")
         if self.sle_distance not in PAIRWISE_DISTANCES:
             raise ValueError(f"sle_distance={self.sle_distance!r} is not one of {PAIRWISE_DISTANCES}.")
-        if self.objective == "sle" and self.num_samples_per_image < 2:
+        if self.num_samples_per_image < 2:
             raise ValueError(
                 f"objective='sle' compares the samples of each image with each other: it needs "
                 f"num_samples_per_image >= 2, got {self.num_samples_per_image} (the paper uses 5)."

@@ -45,11 +45,11 @@ from ..generation.decoding import (
 )
 from ..generation.step_decoding import (
     STEPS_BETWEEN_END_CHECKS,
-    captures_graphs_on,
     graphed_call,
     logits_warpers,
     split_state,
     state_with,
+    uses_cuda_graphs,
 )
 from ..models.show_tell_rl import CACHE_NAME
 from ..rewards.processes import Pending
@@ -235,6 +235,8 @@ def sample_rollouts(
 
     Args:
         model: a recurrent captioner with `prefix_states` and `step` ([`ShowTellRL`]); run without dropout or grad.
+            Its `generation_config.cuda_graphs` says whether the rollouts may run as a CUDA graph, as it does for
+            the decodings of its captions.
         image_inputs: image tensors, one row per image (with `image_index`) or per caption.
         sequences (`torch.LongTensor` of shape `(N, T + 1)`): sampled captions, the start token first.
         token_mask (`torch.FloatTensor` of shape `(N, T)`): their [`caption_token_mask`].
@@ -250,8 +252,9 @@ def sample_rollouts(
         drop_finished_rows (`bool`, *optional*): whether rows that ended leave the batch at every step. That saves
             their computation, where computation is the cost (the default on a CPU), but it asks the device which
             rows ended at every step; on a GPU (the default there) the finished rows are stepped along and written
-            nowhere, and whether all have ended is asked every few steps, or, where [`use_cuda_graphs`] is on (the
-            default), the whole loop replays as a CUDA graph. The rollouts are the same either way.
+            nowhere, and whether all have ended is asked every few steps, or, unless the model's
+            `generation_config.cuda_graphs` is False, the whole loop replays as a CUDA graph. The rollouts are the
+            same either way.
 
     Returns:
         [`Rollouts`] with `R = K * Σ_n (length_n − 1)` rows (no rollout after a caption's last step).
@@ -273,7 +276,7 @@ def sample_rollouts(
         prefix_states = model.prefix_states(sequences, **image_inputs)
         # 2. on a GPU, the whole loop as a CUDA graph, over rows padded to one of a few counts (the graph keeps a copy
         # of its inputs: an attention model's grid for every row, 66 MB for 3,584 rows of a 3 x 3 grid of 512 floats)
-        if not drop_finished_rows and captures_graphs_on(sequences.device):
+        if not drop_finished_rows and uses_cuda_graphs(model.generation_config, sequences.device):
             settings = ("rollouts", max_length, eos_token_id, pad_token_id, temperature, top_k, top_p)
             padding = _padded_row_count(num_rows) - num_rows  # rows that continue the first prefix, dropped after
             inputs = _rollout_start(

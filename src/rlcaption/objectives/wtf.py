@@ -183,7 +183,7 @@ class WTFConfig(RLCaptionConfig):
             raise ValueError(f"wtf_num_beams must be >= 1, got {self.wtf_num_beams}.")
         if self.reward_clip is not None and not self.reward_clip:
             raise ValueError("reward_clip='' names no CLIP: give a folder or Hub id (checkpoints/shapes-clip-reward).")
-        if self.objective == "wtf" and self.reward_clip is None:
+        if self.reward_clip is None:
             raise ValueError(
                 "objective='wtf' rewards captions with a CLIP: set reward_clip to a folder or Hub id (e.g. "
                 "checkpoints/shapes-clip-reward)."

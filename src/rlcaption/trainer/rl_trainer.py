@@ -475,7 +475,9 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
 
         These settings are the whole decoding configuration: the model's own generation config (a Hub checkpoint's
         repetition penalty, n-gram blocking, length limits, forced or banned tokens, ...) is ignored except for its
-        special token ids, so that RL samples from the policy it scores.
+        special token ids, so that RL samples from the policy it scores, and its `cuda_graphs`, which changes how the
+        decoding runs on a GPU, not what it draws (`model.generation_config.cuda_graphs = False` decodes step by
+        step; [`rlcaption.generation.step_decoding.uses_cuda_graphs`]).
 
         With `trim=False`, the sequences may come `max_caption_length + 1` wide, from a decoding the device is still
         running (see [`rlcaption.generation.decoding.generate_caption_sets`]).

@@ -7,10 +7,10 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageTextToText, Aut
 import rlcaption.auto  # noqa: F401  (registers the Auto classes)
 from rlcaption.generation.captioners import captioner_for
 from rlcaption.models import PolicyValueCaptioner, PolicyValueConfig, ShowTellRL, ShowTellRLConfig
-from rlcaption.models.encoders import MixedPrecisionLSTM
 from rlcaption.models.policy_value import ValueLookaheadLogitsProcessor
 from rlcaption.models.policy_value.configuration_policy_value import VALUE_RNN_TYPES
 from rlcaption.models.policy_value.modeling_policy_value import DEFAULT_LOOKAHEAD_CANDIDATES
+from rlcaption.models.show_tell_rl.encoders import MixedPrecisionLSTM
 from rlcaption.processing import CaptionProcessor
 
 PAD, BOS, EOS = 0, 1, 2

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,9 +11,11 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
 import rlcaption.auto  # noqa: F401  (registers the Auto classes)
+from rlcaption.models import show_tell_rl
 from rlcaption.models.show_tell_rl import CACHE_NAME, ShowTellRL, ShowTellRLConfig, ShowTellRLState
 
 PAD, BOS, EOS = 0, 1, 2
+SHOW_TELL_RL_FOLDER = Path(show_tell_rl.__file__).parent
 # the recurrent-state contract (caching, beams, prefixes) must hold for Show and Tell and for Show, Attend and Tell
 WITH_AND_WITHOUT_ATTENTION = pytest.mark.parametrize("image_attention", [False, True], ids=["show-tell", "attention"])
 # ... and for attention over the padded regions of precomputed features
@@ -498,27 +501,54 @@ def registered_for_remote_code():
 
 
 def test_saved_checkpoint_loads_with_trust_remote_code_without_rlcaption(tmp_path, registered_for_remote_code):
-    model = tiny_model()
+    model = tiny_model(image_attention=True)
     model.save_pretrained(tmp_path / "saved")
-    for name in ("modeling_show_tell_rl.py", "configuration_show_tell_rl.py", "encoders.py"):
-        assert (tmp_path / "saved" / name).is_file(), name
-    assert "rlcaption" not in (tmp_path / "saved" / "modeling_show_tell_rl.py").read_text().split("__all__")[0]
+    # the modeling file and the files of its folder that it imports relatively (transformers follows the imports),
+    # each a verbatim copy: no import line is rewritten
+    saved_code = sorted(path.name for path in (tmp_path / "saved").glob("*.py"))
+    assert saved_code == [
+        "configuration_show_tell_rl.py", "encoders.py", "hub_errors.py", "modeling_show_tell_rl.py",
+        "state_show_tell_rl.py",
+    ]  # fmt: skip
+    for name in saved_code:
+        assert (tmp_path / "saved" / name).read_text() == (SHOW_TELL_RL_FOLDER / name).read_text(), name
+    pixels = random_pixels(2)
+    torch.save(pixels, tmp_path / "pixels.pt")
+    # `-I` keeps the working directory and PYTHON* variables off the path; the editable install's entry for src/ is
+    # dropped by hand, so the package cannot be imported at all, as for a user who never installed it
     script = textwrap.dedent(
         """
-        import sys, torch
-        sys.modules["rlcaption"] = None  # as for a user who never installed the package
+        import importlib.util, sys, torch
+        from pathlib import Path
+        sys.path = [entry for entry in sys.path if Path(entry or ".").resolve() != Path("{src}")]
+        assert importlib.util.find_spec("rlcaption") is None, "rlcaption is importable"
         from transformers import AutoModel
         model = AutoModel.from_pretrained("{saved}", trust_remote_code=True).eval()
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        torch.save(model(torch.tensor([[1, 5, 6]]), pixel_values=torch.ones(1, 3, 16, 16)).logits, "{out}")
+        pixels = torch.load("{pixels}")
+        with torch.no_grad():
+            logits = model(torch.tensor([[1, 5, 6], [1, 7, 8]]), pixel_values=pixels).logits
+            sequences = model.generate(pixel_values=pixels)
+        torch.save({{"logits": logits, "sequences": sequences}}, "{out}")
+        assert not [name for name in sys.modules if name.split(".")[0] == "rlcaption"]
+        model.save_pretrained("{resaved}")  # a model loaded from remote code saves the same code again
         """
-    ).format(saved=tmp_path / "saved", out=tmp_path / "logits.pt")
+    ).format(
+        src=SHOW_TELL_RL_FOLDER.parents[2].resolve(), saved=tmp_path / "saved", pixels=tmp_path / "pixels.pt",
+        out=tmp_path / "outputs.pt", resaved=tmp_path / "resaved",
+    )  # fmt: skip
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-I", "-c", script], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    expected = model(torch.tensor([[1, 5, 6]]), pixel_values=torch.ones(1, 3, 16, 16)).logits
+    remote = torch.load(tmp_path / "outputs.pt")
+    with torch.no_grad():
+        expected_logits = model(torch.tensor([[1, 5, 6], [1, 7, 8]]), pixel_values=pixels).logits
+        expected_sequences = model.generate(pixel_values=pixels)
+    torch.testing.assert_close(remote["sequences"], expected_sequences, rtol=0, atol=0)
     # another process may pick other CPU kernels: equal up to float rounding
-    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected)
+    torch.testing.assert_close(remote["logits"], expected_logits)
+    for name in saved_code:
+        assert (tmp_path / "resaved" / name).read_text() == (SHOW_TELL_RL_FOLDER / name).read_text(), name
 
 
 def test_a_frozen_image_encoder_stays_frozen_after_saving(tmp_path):

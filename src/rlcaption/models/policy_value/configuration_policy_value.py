@@ -5,6 +5,7 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from rlcaption.models.show_tell_rl import ShowTellRLConfig
+from rlcaption.models.show_tell_rl.encoders import check_cnn_fields
 
 __all__ = ["VALUE_RNN_TYPES", "PolicyValueConfig"]
 
@@ -104,14 +105,6 @@ class PolicyValueConfig(PretrainedConfig):
                 raise ValueError(f"PolicyValueConfig.{name} must be a positive int, got {value!r}.")
         if self.value_rnn_type not in VALUE_RNN_TYPES:
             raise ValueError(f"value_rnn_type={self.value_rnn_type!r} is not one of {VALUE_RNN_TYPES}.")
-        encoder_type = self.policy_config.encoder_type
-        if encoder_type == "cnn":
-            channels = self.value_cnn_channels
-            if not channels or any(not isinstance(c, int) or c < 1 for c in channels):
-                raise ValueError(f"value_cnn_channels must be a non-empty list of positive ints, got {channels!r}.")
-            reduction = 2 ** len(channels)
-            if self.policy_config.image_size % reduction != 0:
-                raise ValueError(
-                    f"The policy's image_size={self.policy_config.image_size} must be divisible by {reduction} (each "
-                    f"of the {len(channels)} value CNN blocks halves the side); change value_cnn_channels."
-                )
+        if self.policy_config.encoder_type == "cnn":
+            # the value network's own CNN reads the policy's images
+            check_cnn_fields(self.value_cnn_channels, self.policy_config.image_size, "value_cnn_channels")

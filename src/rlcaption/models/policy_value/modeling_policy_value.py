@@ -30,14 +30,14 @@ from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, 
 from transformers import initialization as init
 
 from rlcaption.models.detachable import DetachableNetworkMixin
-from rlcaption.models.encoders import (
+from rlcaption.models.show_tell_rl import ShowTellRL
+from rlcaption.models.show_tell_rl.encoders import (
     MixedPrecisionLSTM,
     build_image_encoder,
     image_encoder_arguments,
     init_cnn_and_gru_weights,
 )
-from rlcaption.models.hub_errors import HubUploadErrorsMixin
-from rlcaption.models.show_tell_rl import ShowTellRL
+from rlcaption.models.show_tell_rl.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
 
 from .configuration_policy_value import PolicyValueConfig

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from rlcaption.models.encoders import IMAGE_ENCODER_TYPES, check_cnn_fields
+from rlcaption.models.show_tell_rl.encoders import IMAGE_ENCODER_TYPES, ImageEncoderConfigMixin
 
 __all__ = ["ShapesCLIPConfig"]
 
 
-class ShapesCLIPConfig(PretrainedConfig):
+class ShapesCLIPConfig(ImageEncoderConfigMixin, PretrainedConfig):
     r"""
     Configuration of [`ShapesCLIPModel`]: an image tower and a text tower, each followed by a LayerNorm and a linear
     projection into one `projection_dim`-wide embedding space, compared by cosine similarity times `exp(logit_scale)`
@@ -24,19 +24,6 @@ class ShapesCLIPConfig(PretrainedConfig):
             State size of each direction of the text tower's bidirectional GRU.
         text_num_layers (`int`, *optional*, defaults to 1):
             Number of stacked bidirectional GRU layers.
-        encoder_type (`str`, *optional*, defaults to `"cnn"`):
-            The image tower: `"cnn"` (a small CNN trained from scratch whose flattened last feature map keeps the
-            spatial layout, see [`ConvImageEncoder`]) or `"backbone"` (any `transformers` vision model built from
-            `backbone_config`, randomly initialised; its pooled output is the feature).
-        image_size (`int`, *optional*, defaults to 48):
-            Side of the square input images; the processor resizes every image to it.
-        num_channels (`int`, *optional*, defaults to 3):
-            Input image channels (`"cnn"` tower).
-        cnn_channels (`list[int]`, *optional*, defaults to `[16, 32, 64, 64]`):
-            Output channels of the CNN blocks; each block halves the image side (64 -> a 4x4 final map).
-        backbone_config (`dict`, *optional*):
-            Config of the vision backbone as a dict with its `model_type` (`"backbone"` tower), e.g.
-            `{"model_type": "vit", "image_size": 64, "patch_size": 16, "hidden_size": 128, ...}`.
         projection_dim (`int`, *optional*, defaults to 128):
             Width of the shared image-text embedding space.
         logit_scale_init_value (`float`, *optional*, defaults to 2.6592):
@@ -50,6 +37,13 @@ class ShapesCLIPConfig(PretrainedConfig):
         eos_token_id (`int`, *optional*, defaults to 2):
             Special token ids; the defaults are those of [`CaptionProcessor`]. The text tower reads every
             non-padding token (the attention mask gives the lengths), so it does not depend on where `<eos>` is.
+        kwargs (*optional*):
+            The fields of the image tower, those of [`ImageEncoderConfigMixin`] that an encoder trained from scratch
+            on pixels has: `encoder_type` (`"cnn"`, whose flattened last feature map keeps the spatial layout, or
+            `"backbone"`, randomly initialised from `backbone_config`, e.g. `{"model_type": "vit", "image_size": 48,
+            "patch_size": 16, "hidden_size": 128, ...}`), `image_size` (defaults to 48; the processor resizes every
+            image to it, and a backbone must expect it), `num_channels`, `cnn_channels` (defaults to
+            `[16, 32, 64, 64]`) and `backbone_config`. Then the fields of [`PretrainedConfig`].
 
     Example:
 
@@ -61,6 +55,16 @@ class ShapesCLIPConfig(PretrainedConfig):
     """
 
     model_type = "shapes_clip"
+    # a CLIP embeds pixels with an image tower trained from scratch: no precomputed features, no pretrained or frozen
+    # backbone, and a smaller default CNN
+    image_encoder_types = IMAGE_ENCODER_TYPES
+    image_encoder_defaults = {
+        "encoder_type": "cnn",
+        "image_size": 48,
+        "num_channels": 3,
+        "cnn_channels": (16, 32, 64, 64),
+        "backbone_config": None,
+    }
 
     def __init__(
         self,
@@ -68,11 +72,6 @@ class ShapesCLIPConfig(PretrainedConfig):
         word_embedding_size: int = 128,
         text_hidden_size: int = 128,
         text_num_layers: int = 1,
-        encoder_type: str = "cnn",
-        image_size: int = 48,
-        num_channels: int = 3,
-        cnn_channels: list[int] | tuple[int, ...] = (16, 32, 64, 64),
-        backbone_config: dict | PretrainedConfig | None = None,
         projection_dim: int = 128,
         logit_scale_init_value: float = 2.6592,
         max_position_embeddings: int = 32,
@@ -86,13 +85,7 @@ class ShapesCLIPConfig(PretrainedConfig):
         self.word_embedding_size = word_embedding_size
         self.text_hidden_size = text_hidden_size
         self.text_num_layers = text_num_layers
-        self.encoder_type = encoder_type
-        self.image_size = image_size
-        self.num_channels = num_channels
-        self.cnn_channels = list(cnn_channels)
-        if hasattr(backbone_config, "to_dict"):
-            backbone_config = backbone_config.to_dict()
-        self.backbone_config = backbone_config
+        self._init_image_encoder_fields(kwargs)
         self.projection_dim = projection_dim
         self.logit_scale_init_value = logit_scale_init_value
         self.max_position_embeddings = max_position_embeddings
@@ -122,19 +115,11 @@ class ShapesCLIPConfig(PretrainedConfig):
                     f"ShapesCLIPConfig.{name}={token_id!r} is not a token id of a vocabulary of size "
                     f"{self.vocab_size}; take the ids from the processor's tokenizer."
                 )
-        if self.encoder_type not in IMAGE_ENCODER_TYPES:
-            raise ValueError(
-                f"ShapesCLIPConfig.encoder_type={self.encoder_type!r} is not supported; expected one of "
-                f"{IMAGE_ENCODER_TYPES} (a CLIP embeds pixels, so precomputed features are not an option)."
-            )
-        if self.encoder_type == "cnn":
-            check_cnn_fields(self.cnn_channels, self.image_size)
-        elif not isinstance(self.backbone_config, dict) or "model_type" not in self.backbone_config:
-            raise ValueError(
-                "encoder_type='backbone' needs `backbone_config`, a transformers vision config (or its dict with "
-                f"`model_type`), got {self.backbone_config!r}."
-            )
-        elif self.backbone_config.get("image_size", self.image_size) != self.image_size:
+        self._validate_image_encoder_fields()
+        if (
+            self.encoder_type == "backbone"
+            and self.backbone_config.get("image_size", self.image_size) != self.image_size
+        ):
             raise ValueError(
                 f"The backbone expects {self.backbone_config['image_size']}px images but image_size="
                 f"{self.image_size}; give both the same value (the processor resizes to image_size)."

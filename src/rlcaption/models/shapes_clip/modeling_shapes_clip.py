@@ -24,8 +24,8 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils import ModelOutput
 
-from rlcaption.models.encoders import BackboneImageEncoder, ConvImageEncoder
-from rlcaption.models.hub_errors import HubUploadErrorsMixin
+from rlcaption.models.show_tell_rl.encoders import BackboneImageEncoder, ConvImageEncoder
+from rlcaption.models.show_tell_rl.hub_errors import HubUploadErrorsMixin
 
 from .configuration_shapes_clip import ShapesCLIPConfig
 

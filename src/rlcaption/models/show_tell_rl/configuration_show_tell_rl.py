@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from rlcaption.models.encoders import check_image_encoder_fields, resolve_backbone_config
+from .encoders import ImageEncoderConfigMixin
 
 __all__ = ["ShowTellRLConfig"]
 
 
-class ShowTellRLConfig(PretrainedConfig):
+class ShowTellRLConfig(ImageEncoderConfigMixin, PretrainedConfig):
     r"""
     Configuration of [`ShowTellRL`]: image encoder -> linear -> first LSTM input, then an LSTM over the words; with
     `image_attention`, every word is also predicted from a soft attention over the encoder's feature grid.
@@ -25,39 +25,6 @@ class ShowTellRLConfig(PretrainedConfig):
             Number of stacked LSTM layers (1 in Liu et al. 2017).
         dropout (`float`, *optional*, defaults to 0.5):
             Dropout on the LSTM output before the vocabulary projection, and between stacked LSTM layers.
-        encoder_type (`str`, *optional*, defaults to `"cnn"`):
-            `"cnn"` (small CNN trained from scratch, for the synthetic shapes data), `"backbone"` (any `transformers`
-            vision model, pooled output) or `"features"` (precomputed `image_features` as input).
-        image_size (`int`, *optional*, defaults to 64):
-            Side of the square input images (`"cnn"` encoder).
-        num_channels (`int`, *optional*, defaults to 3):
-            Input image channels (`"cnn"` encoder).
-        cnn_channels (`list[int]`, *optional*, defaults to `[32, 64, 64, 64]`):
-            Output channels of the CNN blocks; each block halves the image side.
-        backbone (`str`, *optional*):
-            Hub id or local folder of a `transformers` vision model (`"backbone"` encoder). Its config is read at
-            once and stored in `backbone_config`.
-        backbone_config (`dict`, *optional*):
-            Config of the vision backbone as a dict with its `model_type` (`"backbone"` encoder); builds a randomly
-            initialised backbone when `use_pretrained_backbone` is False.
-        use_pretrained_backbone (`bool`, *optional*):
-            Load the weights of `backbone` when the model is built. Defaults to True when `backbone` is given. The
-            model sets it to False once the weights are part of it, so reloading a saved model downloads nothing.
-        freeze_backbone (`bool`, *optional*, defaults to `True`):
-            Keep the backbone's weights fixed (`"backbone"` encoder).
-        freeze_image_encoder (`bool`, *optional*, defaults to `False`):
-            Keep the `"cnn"` encoder's weights fixed, e.g. once pretrained on scene annotations
-            ([`rlcaption.shapes.scene_pretraining`]): saved with the model, so every later training (XE, RL) keeps
-            it fixed.
-        image_feature_size (`int`, *optional*):
-            Width of precomputed `image_features` (`"features"` encoder).
-        image_feature_layout (`str`, *optional*, defaults to `"pooled"`):
-            How precomputed `image_features` hold an image (`"features"` encoder): `"pooled"`, one vector per image
-            `(batch_size, image_feature_size)`; or `"grid"`, several per image `(batch_size, num_regions,
-            image_feature_size)`, a fixed grid (`extract-features --pooling none`) or regions whose count varies
-            (bottom-up features), padded with an `image_feature_mask` `(batch_size, num_regions)`, 1 for a real
-            region and 0 for padding. The first LSTM input is the mean over the real regions; `image_attention`
-            attends over them, with no position embeddings (regions have no fixed positions).
         image_attention (`bool`, *optional*, defaults to `False`):
             Attend over the image encoder's feature grid at every step (Show, Attend and Tell; Xu et al. 2015): the
             LSTM output queries the grid cells (with learned position embeddings for the `"cnn"` encoder) and the
@@ -72,6 +39,10 @@ class ShowTellRLConfig(PretrainedConfig):
         pad_token_id (`int`, *optional*, defaults to 0), bos_token_id (`int`, *optional*, defaults to 1),
         eos_token_id (`int`, *optional*, defaults to 2):
             Special token ids; the defaults are those of [`CaptionProcessor`].
+        kwargs (*optional*):
+            The fields of the image encoder, whose output is projected to the first LSTM input (and whose grid
+            `image_attention` attends over): all those of [`ImageEncoderConfigMixin`] (`encoder_type`, `image_size`,
+            `cnn_channels`, `backbone`, `image_feature_size`, ...). Then those of [`PretrainedConfig`].
 
     Example:
 
@@ -91,17 +62,6 @@ class ShowTellRLConfig(PretrainedConfig):
         word_embedding_size: int = 512,
         num_layers: int = 1,
         dropout: float = 0.5,
-        encoder_type: str = "cnn",
-        image_size: int = 64,
-        num_channels: int = 3,
-        cnn_channels: list[int] | tuple[int, ...] = (32, 64, 64, 64),
-        backbone: str | None = None,
-        backbone_config: dict | None = None,
-        use_pretrained_backbone: bool | None = None,
-        freeze_backbone: bool = True,
-        freeze_image_encoder: bool = False,
-        image_feature_size: int | None = None,
-        image_feature_layout: str = "pooled",
         image_attention: bool = False,
         max_caption_length: int = 20,
         initializer_range: float = 0.02,
@@ -115,19 +75,7 @@ class ShowTellRLConfig(PretrainedConfig):
         self.word_embedding_size = word_embedding_size
         self.num_layers = num_layers
         self.dropout = dropout
-        self.encoder_type = encoder_type
-        self.image_size = image_size
-        self.num_channels = num_channels
-        self.cnn_channels = list(cnn_channels)
-        self.backbone = backbone
-        self.backbone_config = resolve_backbone_config(encoder_type, backbone, backbone_config)
-        self.use_pretrained_backbone = (
-            backbone is not None if use_pretrained_backbone is None else use_pretrained_backbone
-        )
-        self.freeze_backbone = freeze_backbone
-        self.freeze_image_encoder = freeze_image_encoder
-        self.image_feature_size = image_feature_size
-        self.image_feature_layout = image_feature_layout
+        self._init_image_encoder_fields(kwargs)
         self.image_attention = image_attention
         self.max_caption_length = max_caption_length
         self.initializer_range = initializer_range
@@ -158,7 +106,7 @@ class ShowTellRLConfig(PretrainedConfig):
                 )
         if len(set(special.values())) != 3:
             raise ValueError(f"The pad, bos and eos token ids must differ, got {special}.")
-        check_image_encoder_fields(self, "ShowTellRLConfig")
+        self._validate_image_encoder_fields()
         if self.encoder_type == "features" and self.image_attention and self.image_feature_layout != "grid":
             raise ValueError(
                 "image_attention=True needs a feature grid, which pooled image features (one vector per image) "

@@ -11,11 +11,7 @@ the hidden states Liu et al.'s baseline reads) are plain methods with documented
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -24,15 +20,12 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from rlcaption.models.encoders import (
-    ConvImageEncoder,
-    MixedPrecisionLSTM,
-    build_image_encoder,
-    image_encoder_arguments,
-)
-from rlcaption.models.hub_errors import HubUploadErrorsMixin
-
+# Everything this file imports from rlcaption sits in its own folder and is imported relatively: `save_pretrained`
+# (transformers' `custom_object_save`) copies such files beside it, so a model saved for `trust_remote_code` loads
+# where rlcaption is not installed.
 from .configuration_show_tell_rl import ShowTellRLConfig
+from .encoders import ConvImageEncoder, MixedPrecisionLSTM, build_image_encoder, image_encoder_arguments
+from .hub_errors import HubUploadErrorsMixin
 from .state_show_tell_rl import CACHE_NAME, ShowTellRLPrefixStates, ShowTellRLState
 
 __all__ = ["ShowTellRL", "ShowTellRLOutput", "ShowTellRLPreTrainedModel"]
@@ -590,42 +583,3 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
         step_mask = None if attention_mask is None else attention_mask.bool()
         _, prefix_states, _ = self._decode_stepwise(self.word_embeddings(input_ids), state, step_mask)
         return prefix_states
-
-    # ---------------------------------------------------------------- saving for trust_remote_code
-    def save_pretrained(self, save_directory: str | os.PathLike, *args, push_to_hub: bool = False, **kwargs) -> None:
-        """`PreTrainedModel.save_pretrained`; when registered for `trust_remote_code`, also makes the code standalone.
-
-        The saved `modeling_show_tell_rl.py` and `configuration_show_tell_rl.py` import the shared image encoders from
-        the package; next to the checkpoint they must import them from a copy in the same folder, so that users
-        without `rlcaption` can load the model with `trust_remote_code=True`.
-        """
-        hub_kwargs = {key: kwargs.pop(key) for key in _HUB_UPLOAD_KWARGS if key in kwargs}
-        repo_id = hub_kwargs.pop("repo_id", Path(save_directory).name)
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if self.is_remote_code():
-            _make_remote_code_standalone(Path(save_directory))
-        if push_to_hub:
-            # `push_to_hub` saves again through this method, so the uploaded code is the standalone one
-            self.push_to_hub(repo_id, token=kwargs.get("token"), **hub_kwargs)
-
-
-_HUB_UPLOAD_KWARGS = ("repo_id", "commit_message", "private", "create_pr", "revision", "commit_description")
-# the package modules the saved code imports -> a class of each, whose module file is copied next to it
-_PACKAGE_IMPORTS = {"rlcaption.models.encoders": ConvImageEncoder, "rlcaption.models.hub_errors": HubUploadErrorsMixin}
-
-
-def _make_remote_code_standalone(save_directory: Path) -> None:
-    """Copy the package modules it imports (`encoders.py`, `hub_errors.py`) next to the saved modeling and
-    configuration files and point their imports at the copies."""
-    for module_file in (Path(__file__), Path(sys.modules[ShowTellRLConfig.__module__].__file__)):
-        saved_file = save_directory / module_file.name
-        if saved_file.is_file():  # the configuration file is saved only when the config is registered too
-            source = saved_file.read_text(encoding="utf-8")
-            for package_module in _PACKAGE_IMPORTS:
-                local_name = package_module.rsplit(".", 1)[1]
-                source = source.replace(f"from {package_module} import", f"from .{local_name} import")
-            saved_file.write_text(source, encoding="utf-8")
-    for package_class in _PACKAGE_IMPORTS.values():
-        module_file = Path(sys.modules[package_class.__module__].__file__)  # the package's or a remote copy
-        if module_file.resolve() != (save_directory / module_file.name).resolve():
-            shutil.copyfile(module_file, save_directory / module_file.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from rlcaption.models.show_tell_rl import ShowTellRLConfig
+from rlcaption.models.show_tell_rl.encoders import check_cnn_fields
 
 __all__ = ["SpeakerListenerConfig"]
 
@@ -93,14 +94,6 @@ class SpeakerListenerConfig(PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"SpeakerListenerConfig.{name} must be a positive int, got {value!r}.")
-        encoder_type = self.speaker_config.encoder_type
-        if encoder_type == "cnn":
-            channels = self.listener_cnn_channels
-            if not channels or any(not isinstance(c, int) or c < 1 for c in channels):
-                raise ValueError(f"listener_cnn_channels must be a non-empty list of positive ints, got {channels!r}.")
-            reduction = 2 ** len(channels)
-            if self.speaker_config.image_size % reduction != 0:
-                raise ValueError(
-                    f"The speaker's image_size={self.speaker_config.image_size} must be divisible by {reduction} "
-                    f"(each of the {len(channels)} listener CNN blocks halves the side); change listener_cnn_channels."
-                )
+        if self.speaker_config.encoder_type == "cnn":
+            # the listener's own CNN reads the speaker's images
+            check_cnn_fields(self.listener_cnn_channels, self.speaker_config.image_size, "listener_cnn_channels")

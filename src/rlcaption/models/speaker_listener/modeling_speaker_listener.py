@@ -28,9 +28,9 @@ from transformers import GenerationMixin, PreTrainedModel
 
 from rlcaption.models.captions import caption_token_mask, soft_word_embeddings
 from rlcaption.models.detachable import DetachableNetworkMixin
-from rlcaption.models.encoders import build_image_encoder, init_cnn_and_gru_weights
-from rlcaption.models.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.show_tell_rl import ShowTellRL
+from rlcaption.models.show_tell_rl.encoders import build_image_encoder, init_cnn_and_gru_weights
+from rlcaption.models.show_tell_rl.hub_errors import HubUploadErrorsMixin
 from rlcaption.models.visual_semantic_embedding import CaptionImageEmbedding
 from rlcaption.models.wrapped_captioner import WrappedCaptionerMixin
 

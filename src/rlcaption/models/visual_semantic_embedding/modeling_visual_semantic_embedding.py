@@ -22,8 +22,12 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from rlcaption.models.encoders import build_image_encoder, image_encoder_arguments, init_cnn_and_gru_weights
-from rlcaption.models.hub_errors import HubUploadErrorsMixin
+from rlcaption.models.show_tell_rl.encoders import (
+    build_image_encoder,
+    image_encoder_arguments,
+    init_cnn_and_gru_weights,
+)
+from rlcaption.models.show_tell_rl.hub_errors import HubUploadErrorsMixin
 
 from .configuration_visual_semantic_embedding import VisualSemanticEmbeddingConfig
 
@@ -37,9 +41,9 @@ class CaptionImageEmbedding(nn.Module):
     embeddings are L2-normalised, so their dot product is their cosine similarity.
 
     Args:
-        image_encoder (`nn.Module`): an encoder of `rlcaption.models.encoders` (see [`build_image_encoder`]): a
-            [`ConvImageEncoder`] or [`BackboneImageEncoder`] (reads `pixel_values`) or a [`PrecomputedFeatureEncoder`]
-            (reads `image_features` and `image_feature_mask`), with its `output_size`.
+        image_encoder (`nn.Module`): an encoder of `rlcaption.models.show_tell_rl.encoders` (see
+            [`build_image_encoder`]): a [`ConvImageEncoder`] or [`BackboneImageEncoder`] (reads `pixel_values`) or a
+            [`PrecomputedFeatureEncoder`] (reads `image_features` and `image_feature_mask`), with its `output_size`.
         word_embedding_size (`int`): width of the word vectors the GRU reads.
         hidden_size (`int`): state size of the GRU.
         joint_embedding_size (`int`): width of the joint space.

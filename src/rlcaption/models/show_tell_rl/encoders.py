@@ -13,14 +13,14 @@ decoders read at every step:
   features) pass through unchanged, so training never runs the vision model: pooled vectors, or fixed grids and
   variable-count regions with a padding mask, pooled by their masked mean and kept as the grid for attention.
 
-The encoder types (`ENCODER_TYPES`), the config fields that choose and size an encoder (checked by
-`check_image_encoder_fields`, built by `build_image_encoder`), the image inputs each encoder reads
-(`image_encoder_arguments`) and the pooling of a vision model's output into one vector per image or its grid
-(`pool_image_features`, also what feature extraction stores) are defined here and nowhere else: the captioner, the
-value network, the listener, the visual-semantic embedding and the shapes CLIP all take their image encoder from here.
+The encoder types (`ENCODER_TYPES`), the config fields that choose and size an encoder ([`ImageEncoderConfigMixin`],
+built by `build_image_encoder`), the image inputs each encoder reads (`image_encoder_arguments`) and the pooling of a
+vision model's output into one vector per image or its grid (`pool_image_features`, also what feature extraction
+stores) are defined here and nowhere else: the captioner, the value network, the listener, the visual-semantic
+embedding and the shapes CLIP all take their image encoder from here.
 
-This module imports only `torch` and `transformers`: it is copied next to the model code when a checkpoint is saved
-for `trust_remote_code` loading.
+The module sits in the captioner's folder and imports only `torch` and `transformers`: the captioner's files import it
+relatively, so `save_pretrained` copies it beside them for `trust_remote_code` loading, unchanged.
 """
 
 from __future__ import annotations
@@ -35,21 +35,22 @@ from transformers import initialization as init
 from transformers.utils import logging
 
 __all__ = [
-    "init_cnn_and_gru_weights",
     "ENCODER_TYPES",
+    "IMAGE_ENCODER_DEFAULTS",
     "IMAGE_ENCODER_TYPES",
     "IMAGE_FEATURE_LAYOUTS",
+    "POOLING_MODES",
     "BackboneImageEncoder",
     "ConvImageEncoder",
+    "ImageEncoderConfigMixin",
     "MixedPrecisionLSTM",
-    "POOLING_MODES",
     "PrecomputedFeatureEncoder",
     "build_image_encoder",
-    "check_image_encoder_fields",
+    "check_cnn_fields",
     "cpu_runs_lstm_in",
     "image_encoder_arguments",
+    "init_cnn_and_gru_weights",
     "pool_image_features",
-    "resolve_backbone_config",
 ]
 
 logger = logging.get_logger(__name__)
@@ -328,60 +329,138 @@ class PrecomputedFeatureEncoder(nn.Module):
         return real
 
 
-def resolve_backbone_config(encoder_type: str, backbone: str | None, backbone_config) -> dict | None:
-    """The config dict of a `"backbone"` encoder: `backbone_config` as a dict, or read from `backbone` (a hub id or
-    local folder) when only that is given."""
-    if encoder_type == "backbone" and backbone_config is None and backbone is not None:
-        backbone_config = AutoConfig.from_pretrained(backbone).to_dict()
-    if hasattr(backbone_config, "to_dict"):
-        backbone_config = backbone_config.to_dict()
-    return backbone_config
+# The fields that choose and size an image encoder, with their defaults; `ImageEncoderConfigMixin` documents them.
+IMAGE_ENCODER_DEFAULTS = {
+    "encoder_type": "cnn",
+    "image_size": 64,
+    "num_channels": 3,
+    "cnn_channels": (32, 64, 64, 64),
+    "backbone": None,
+    "backbone_config": None,
+    "use_pretrained_backbone": None,
+    "freeze_backbone": True,
+    "freeze_image_encoder": False,
+    "image_feature_size": None,
+    "image_feature_layout": "pooled",
+}
 
 
-def check_cnn_fields(cnn_channels: list[int] | None, image_size: int) -> None:
-    """Refuses CNN blocks that cannot build a [`ConvImageEncoder`] for images of side `image_size`."""
+class ImageEncoderConfigMixin:
+    r"""
+    The fields of a model config that choose and size its image encoder, declared, documented and checked here for
+    every model that has one: [`build_image_encoder`] builds the encoder from them. A config takes them as keyword
+    arguments and keeps them as flat attributes, saved at the top level of its `config.json`.
+
+    A config has every field, with the defaults of `IMAGE_ENCODER_DEFAULTS`, and accepts every encoder type, unless its
+    class sets `image_encoder_defaults` to the fields it has and their defaults, and `image_encoder_types` to the types
+    it accepts: a CLIP that embeds pixels with an image tower trained from scratch has neither precomputed features
+    nor a pretrained backbone.
+
+    Args:
+        encoder_type (`str`, *optional*, defaults to `"cnn"`):
+            `"cnn"` (a small CNN trained from scratch, see [`ConvImageEncoder`]), `"backbone"` (any `transformers`
+            vision model, its pooled output) or `"features"` (precomputed `image_features` as input).
+        image_size (`int`, *optional*, defaults to 64):
+            Side of the square input images (`"cnn"` encoder).
+        num_channels (`int`, *optional*, defaults to 3):
+            Input image channels (`"cnn"` encoder).
+        cnn_channels (`list[int]`, *optional*, defaults to `[32, 64, 64, 64]`):
+            Output channels of the CNN blocks; each block halves the image side.
+        backbone (`str`, *optional*):
+            Hub id or local folder of a `transformers` vision model (`"backbone"` encoder). Its config is read at
+            once and stored in `backbone_config`.
+        backbone_config (`dict`, *optional*):
+            Config of the vision backbone as a dict with its `model_type` (`"backbone"` encoder); builds a randomly
+            initialised backbone when `use_pretrained_backbone` is False.
+        use_pretrained_backbone (`bool`, *optional*):
+            Load the weights of `backbone` when the model is built. Defaults to True when `backbone` is given. The
+            model sets it to False once the weights are part of it, so reloading a saved model downloads nothing.
+        freeze_backbone (`bool`, *optional*, defaults to `True`):
+            Keep the backbone's weights fixed (`"backbone"` encoder).
+        freeze_image_encoder (`bool`, *optional*, defaults to `False`):
+            Keep the `"cnn"` encoder's weights fixed, e.g. once pretrained on scene annotations
+            ([`rlcaption.shapes.scene_pretraining`]) or copied from a captioner: saved with the model, so every later
+            training keeps it fixed.
+        image_feature_size (`int`, *optional*):
+            Width of precomputed `image_features` (`"features"` encoder).
+        image_feature_layout (`str`, *optional*, defaults to `"pooled"`):
+            How precomputed `image_features` hold an image (`"features"` encoder): `"pooled"`, one vector per image
+            `(batch_size, image_feature_size)`; or `"grid"`, several per image `(batch_size, num_regions,
+            image_feature_size)`, a fixed grid (`extract-features --pooling none`) or regions whose count varies
+            (bottom-up features), padded with an `image_feature_mask` `(batch_size, num_regions)`, 1 for a real
+            region and 0 for padding. The pooled image is the mean over the real regions; an attention decoder reads
+            them all, with no position embeddings (regions have no fixed positions).
+    """
+
+    # the fields a config has, with their defaults, and the encoder types it accepts
+    image_encoder_defaults = IMAGE_ENCODER_DEFAULTS
+    image_encoder_types = ENCODER_TYPES
+
+    def _init_image_encoder_fields(self, kwargs: dict) -> None:
+        """Sets this config's image encoder fields from `kwargs`, popping them, or from `image_encoder_defaults`."""
+        for name, default in self.image_encoder_defaults.items():
+            setattr(self, name, kwargs.pop(name, default))
+        self.cnn_channels = list(self.cnn_channels)
+        backbone = getattr(self, "backbone", None)
+        if self.encoder_type == "backbone" and self.backbone_config is None and backbone is not None:
+            self.backbone_config = AutoConfig.from_pretrained(backbone).to_dict()
+        if hasattr(self.backbone_config, "to_dict"):
+            self.backbone_config = self.backbone_config.to_dict()
+        if "use_pretrained_backbone" in self.image_encoder_defaults and self.use_pretrained_backbone is None:
+            self.use_pretrained_backbone = backbone is not None
+
+    def _validate_image_encoder_fields(self) -> None:
+        """
+        Refuses fields that cannot build an image encoder: `encoder_type`, and the fields of that type
+        (`cnn_channels` and `image_size`; `backbone` and `backbone_config`; `image_feature_size` and
+        `image_feature_layout`).
+        """
+        config_name = type(self).__name__
+        if self.encoder_type not in self.image_encoder_types:
+            # the one known type a config refuses is precomputed features, for a model that embeds pixels (a CLIP)
+            known = self.encoder_type in ENCODER_TYPES
+            why = " (this model embeds pixels: precomputed features are not an option)" if known else ""
+            raise ValueError(
+                f"{config_name}.encoder_type={self.encoder_type!r} is not supported; expected one of "
+                f"{self.image_encoder_types}{why}."
+            )
+        if self.encoder_type == "cnn":
+            check_cnn_fields(self.cnn_channels, self.image_size)
+        elif self.encoder_type == "backbone":
+            backbone = getattr(self, "backbone", None)
+            if not isinstance(self.backbone_config, dict) or "model_type" not in self.backbone_config:
+                needs = "`backbone_config` (a transformers vision config, or its dict with its model_type)"
+                if "backbone" in self.image_encoder_defaults:
+                    needs = f"`backbone` (a hub id or local folder of a transformers vision model) or {needs}"
+                raise ValueError(
+                    f"encoder_type='backbone' needs {needs}, got backbone_config={self.backbone_config!r}."
+                )
+            if getattr(self, "use_pretrained_backbone", False) and backbone is None:
+                raise ValueError("use_pretrained_backbone=True needs `backbone` (the hub id or folder to load).")
+        else:
+            if not isinstance(self.image_feature_size, int) or self.image_feature_size < 1:
+                raise ValueError(
+                    "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "
+                    f"got {self.image_feature_size!r}."
+                )
+            if self.image_feature_layout not in IMAGE_FEATURE_LAYOUTS:
+                raise ValueError(
+                    f"{config_name}.image_feature_layout={self.image_feature_layout!r} is not supported; expected "
+                    f"one of {IMAGE_FEATURE_LAYOUTS}."
+                )
+
+
+def check_cnn_fields(cnn_channels: list[int] | None, image_size: int, channels_field: str = "cnn_channels") -> None:
+    """Refuses CNN blocks that cannot build a [`ConvImageEncoder`] for images of side `image_size`; `channels_field`
+    names the config field that holds the blocks' channels in the messages."""
     if not cnn_channels or any(not isinstance(c, int) or c < 1 for c in cnn_channels):
-        raise ValueError(f"cnn_channels must be a non-empty list of positive ints, got {cnn_channels!r}.")
+        raise ValueError(f"{channels_field} must be a non-empty list of positive ints, got {cnn_channels!r}.")
     reduction = 2 ** len(cnn_channels)
     if image_size % reduction != 0:
         raise ValueError(
             f"image_size={image_size} must be divisible by {reduction} (each of the {len(cnn_channels)} CNN blocks "
-            "halves the side); change image_size or cnn_channels."
+            f"halves the side); change image_size or {channels_field}."
         )
-
-
-def check_image_encoder_fields(config, config_name: str, encoder_types: tuple[str, ...] = ENCODER_TYPES) -> None:
-    """
-    Refuses config fields that cannot build an image encoder: `encoder_type`, and the fields of that type
-    (`cnn_channels` and `image_size`; `backbone` and `backbone_config`; `image_feature_size` and
-    `image_feature_layout`). `config_name` names the config in the messages.
-    """
-    if config.encoder_type not in encoder_types:
-        raise ValueError(
-            f"{config_name}.encoder_type={config.encoder_type!r} is not supported; expected one of {encoder_types}."
-        )
-    if config.encoder_type == "cnn":
-        check_cnn_fields(config.cnn_channels, config.image_size)
-    elif config.encoder_type == "backbone":
-        if not isinstance(config.backbone_config, dict) or "model_type" not in config.backbone_config:
-            raise ValueError(
-                "encoder_type='backbone' needs `backbone` (a hub id or local folder of a transformers vision "
-                "model) or `backbone_config` (a config dict with its model_type), got "
-                f"backbone={config.backbone!r}, backbone_config={config.backbone_config!r}."
-            )
-        if config.use_pretrained_backbone and config.backbone is None:
-            raise ValueError("use_pretrained_backbone=True needs `backbone` (the hub id or folder to load).")
-    else:
-        if not isinstance(config.image_feature_size, int) or config.image_feature_size < 1:
-            raise ValueError(
-                "encoder_type='features' needs image_feature_size (the width of the precomputed image features), "
-                f"got {config.image_feature_size!r}."
-            )
-        if config.image_feature_layout not in IMAGE_FEATURE_LAYOUTS:
-            raise ValueError(
-                f"{config_name}.image_feature_layout={config.image_feature_layout!r} is not supported; expected "
-                f"one of {IMAGE_FEATURE_LAYOUTS}."
-            )
 
 
 def build_image_encoder(
@@ -389,7 +468,7 @@ def build_image_encoder(
 ) -> ConvImageEncoder | BackboneImageEncoder | PrecomputedFeatureEncoder:
     """
     Build the encoder named by `config.encoder_type` from the fields of a model config (see
-    [`check_image_encoder_fields`]). A network that mirrors another model's image input (a value network, a listener)
+    [`ImageEncoderConfigMixin`]). A network that mirrors another model's image input (a value network, a listener)
     passes that model's config and, for a CNN of its own size, its `cnn_channels`.
     """
     if config.encoder_type == "cnn":

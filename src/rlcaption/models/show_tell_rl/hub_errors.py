@@ -1,7 +1,8 @@
 """
 What the Hub raises when it cannot be reached, and a `push_to_hub` that says so.
 
-This module needs only `huggingface_hub`: it is copied next to a model saved for `trust_remote_code` loading.
+This module needs only `huggingface_hub` and sits in the captioner's folder, whose modeling file imports it relatively:
+`save_pretrained` copies it beside that file for `trust_remote_code` loading, unchanged.
 """
 
 from __future__ import annotations

@@ -24,11 +24,13 @@ demo: $(STAMP)
 readme-demo: demo
 	$(BIN)/python benchmarks/update_readme_demo.py --run-dir runs/demo
 
+# One test process per core (`-n auto`), each file's tests in one process so that module fixtures are built once.
+PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadfile
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow tests
+	$(PYTEST) -m slow tests
 
 quality: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks

@@ -29,7 +29,7 @@ setup(
     extras_require={
         "java": ["pycocoevalcap==1.2"],
         "plots": ["matplotlib"],
-        "dev": ["pycocoevalcap==1.2", "pytest>=8", "hypothesis", "ruff", "scipy", "matplotlib"],
+        "dev": ["pycocoevalcap==1.2", "pytest>=8", "pytest-xdist", "hypothesis", "ruff", "scipy", "matplotlib"],
     },
     entry_points={"console_scripts": ["rlcaption=rlcaption.cli:main"]},
     classifiers=[

@@ -153,7 +153,8 @@ def test_psst_recipe_trains_a_speaker_listener_on_one_and_two_processes(tmp_path
     assert "Joint Optimization for Cooperative Image Captioning" in card  # Vered et al. 2019, the psst paper
 
 
-@pytest.mark.parametrize("num_processes", [1, TWO_PROCESSES_SLOW])
+@pytest.mark.slow
+@pytest.mark.parametrize("num_processes", [1, 2])
 def test_wtf_recipe_runs_on_one_and_two_processes_and_reports_both_clips(tmp_path, num_processes):
     output_dir = tmp_path / "wtf"
     checkpoints = EXAMPLES.parent / "checkpoints"

@@ -4,9 +4,12 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+@pytest.mark.slow  # every part of the check, a minute on 2 cores
 def test_gpu_check_runs_on_the_cpu_and_reports_every_part(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import gpu_check

@@ -21,7 +21,8 @@ def table_rows(output: str) -> list[dict[str, str]]:
 
 
 # regions in the main suite; the ViT's grid and images (the same stages, twice the time) with the slow tests
-@pytest.mark.parametrize("encoder", ["regions", pytest.param("vit_b16", marks=pytest.mark.slow)])
+@pytest.mark.slow  # eight training stages
+@pytest.mark.parametrize("encoder", ["regions", "vit_b16"])
 def test_the_tiny_dry_run_reports_every_stage(encoder, tmp_path):
     env = {
         **os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",

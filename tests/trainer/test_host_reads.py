@@ -3,7 +3,7 @@ Where one optimizer step of every objective reads tensor values on the host.
 
 On a GPU each read waits for the device to finish everything queued before it, and an RL step of a small captioner
 is bound by the host launching kernels: a read in the middle of the step leaves the device idle while the host goes
-on. CI has no GPU, so these tests list every place a step may read, with the reason, and fail at a new one.
+on. CI has no GPU, so these tests count the reads of one step of each objective, and fail at a new one.
 """
 
 from __future__ import annotations
@@ -14,54 +14,21 @@ from host_reads import HostReads
 from objective_steps import CASES, case_id, make_step_trainer
 from transformers import TrainerCallback
 
-# `file:function` of the place that reads -> why it must, or why a GPU does not wait there
-READS_ALLOWED = {
-    "rlcaption/trainer/rl_trainer.py:training_step": "the loss's check, once a step, before the optimizer step",
-    # decoding step by step, as on the CPU; a GPU replays these loops as CUDA graphs, which read nothing
-    "rlcaption/generation/step_decoding.py:_decode_steps": "whether every caption has ended, every few tokens",
-    "rlcaption/generation/step_decoding.py:_trim_after_last_end": "the longest caption's end (graphs' are untrimmed)",
-    "rlcaption/objectives/spider_pg.py:_steps_dropping_finished_rows": "the rollouts still running",
-    "rlcaption/models/show_tell_rl/state_show_tell_rl.py:select": "the rollouts' states still running",
-    "rlcaption/objectives/spider_pg.py:rollout_prefixes": "how many rollouts the samples' lengths need",
-    "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:_run_lstm": "which LSTM call the padding allows",
-    "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:_is_right_padded": "which LSTM call the padding allows",
-    "rlcaption/models/visual_semantic_embedding/modeling_visual_semantic_embedding.py:embed_word_vectors": (
-        "the captions' lengths, which a packed GRU takes on the host"
-    ),
-    "rlcaption/models/visual_semantic_embedding/modeling_visual_semantic_embedding.py:get_text_features": (
-        "the captions' lengths, which a packed GRU takes on the host"
-    ),
-    "rlcaption/models/shapes_clip/modeling_shapes_clip.py:forward": "the texts' lengths, for a packed GRU",
-    "rlcaption/rewards/contrastive.py:decoupled_contrastive_rewards": "one bounds check of the texts' image rows",
-    "rlcaption/objectives/wtf.py:_ground_truth": "a CPU generator's draws, and the width of the chosen references",
-    # WTF's beam-searched baseline captions, through transformers' `generate`
-    "transformers/generation/utils.py:generate": "transformers' beam search",
-    "transformers/generation/utils.py:_prepare_special_tokens": "transformers' beam search",
-    "transformers/generation/utils.py:_get_logits_processor": "transformers' beam search",
-    "transformers/generation/utils.py:_beam_search": "transformers' beam search",
-    "transformers/generation/utils.py:_tensor_or_none": "transformers' beam search (its special tokens, copied)",
-    # made from Python ints once per device and model, at its first step: every later step finds them
-    "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:never_predicted_ids": "the never-predicted ids, once",
-    # the speaker's decoding for the listener passes words step by step, with gradients: no graph
-    "rlcaption/objectives/word_passing.py:decode_with_word_passing": "whether all captions ended, every few tokens",
-    "rlcaption/objectives/word_passing.py:_pass_words": "F.one_hot checks the ids' range (on the CPU only)",
+# The most host reads one optimizer step of each objective makes (tiny models, captions of at most a few words): the
+# loss's check once a step; for the objectives that decode, whether every caption has ended, every few tokens, for the
+# samples and for a greedy baseline (a GPU replays these loops as CUDA graphs, which read nothing); for spider_pg the
+# rollouts still running at each prefix; for wtf the beam-searched baseline captions of transformers' `generate` and
+# the ground-truth draws; for psst the word-passing decoding, step by step with gradients (no graph); for actor_critic
+# the value network's padding. A new read fails here; a read removed lowers its objective's number.
+READ_BUDGET = {
+    "xe": 4,
+    "scst": 8,
+    "sle": 8,
+    "spider_pg": 43,
+    "wtf": 35,
+    "psst": 29,
+    "actor_critic": 8,
 }
-# what the steps of XE, SCST and SLE may read: on a GPU, where decoding replays as graphs, the loss's check and,
-# for XE, the padding's layout
-DECODING_ON_THE_HOST = {
-    "rlcaption/generation/step_decoding.py:_decode_steps",
-    "rlcaption/generation/step_decoding.py:_trim_after_last_end",
-}
-CHECK_ONLY = {
-    "rlcaption/trainer/rl_trainer.py:training_step",
-    "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:never_predicted_ids",  # the first step's, once
-}
-PADDING = {
-    "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:_run_lstm",
-    "rlcaption/models/show_tell_rl/modeling_show_tell_rl.py:_is_right_padded",
-}
-READS_OF = {"xe": CHECK_ONLY | PADDING}
-READS_OF |= {objective: CHECK_ONLY | DECODING_ON_THE_HOST for objective in ("scst", "sle")}
 
 
 class WatchOneStep(TrainerCallback):
@@ -108,10 +75,8 @@ def test_a_step_reads_the_device_only_where_it_must(
     watching = WatchOneStep()
     trainer.add_callback(watching)
     trainer.train()
-    places = {place for _, place in watching.watch.seen}
-    assert "rlcaption/trainer/rl_trainer.py:training_step" in places  # the watch saw the step
-    assert places <= READS_ALLOWED.keys(), f"new reads: {sorted(places - READS_ALLOWED.keys())}"
-    if objective in READS_OF:
-        assert places <= READS_OF[objective], f"{objective} reads at {sorted(places - READS_OF[objective])}"
-    # the loss is read once
-    assert watching.watch.seen["_local_scalar_dense", "rlcaption/trainer/rl_trainer.py:training_step"] == 1
+    reads = sum(watching.watch.seen.values())
+    assert reads > 0, "the watch saw no step"  # at least the loss's check
+    where = "\n".join(f"{count} x {operator} at {place}" for (operator, place), count in watching.watch.seen.items())
+    budget = READ_BUDGET[objective]
+    assert reads <= budget, f"{objective} reads {reads} times, above its {budget}:\n{where}"

@@ -46,6 +46,7 @@ def test_auxiliary_network_phases_and_set_reward_survive_a_kill_on_two_processes
         assert actual[0][part] == expected[0][part], f"{part}: the resumed run differs from the uninterrupted one"
 
 
+@pytest.mark.slow
 def test_recorded_metrics_are_averaged_over_processes(tmp_path):
     result = launch_on_two_processes("two_process_metrics.py", str(tmp_path / "out"), str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr[-4000:]
@@ -65,7 +66,10 @@ def test_recorded_metrics_are_averaged_over_processes(tmp_path):
 
 @pytest.mark.parametrize(
     ("what_goes_bad", "error"),
-    [("reward", "ValueError: Reward function"), ("loss", "RuntimeError: The 'scst' loss is nan")],
+    [
+        ("reward", "ValueError: Reward function"),
+        pytest.param("loss", "RuntimeError: The 'scst' loss is nan", marks=pytest.mark.slow),
+    ],
 )
 def test_a_failure_on_one_process_stops_every_process_with_its_message(what_goes_bad, error, tmp_path):
     result = launch_on_two_processes(

@@ -17,9 +17,14 @@ that the policy's schedule does not count.
 highest mean CIDEr-D over seeds is kept, and the test split is scored once at that λ and once with plain beam search
 (λ = 1). Nothing else is chosen, so the other rows are test scores of each run's last step.
 
-Prints the tables (mean ± s.d. over seeds), writes `<output-dir>/results.json`, plots validation CIDEr-D against λ
-(`--plot`) and, with `--card`, puts the tables and the plot into a checkpoint's model card. Runs whose scores exist
-are read, not trained again; a model's judged scores are kept beside it with the code and settings that made them.
+The verdicts, by the rule of `verdicts.py` on test (paired by seed: each seed's runs share the warm start and the
+data order): actor-critic against SCST with the same reward, the embedding reward's retrieval against SCST's, and
+lookahead at the chosen λ against plain beam search for each actor-critic model.
+
+Prints the tables (mean ± s.d. over seeds) and the verdicts, writes `<output-dir>/results.json`, plots validation
+CIDEr-D against λ (`--plot`) and, with `--card`, puts the tables, the verdicts and the plot into a checkpoint's model
+card. Runs whose scores exist are read, not trained again; a model's judged scores are kept beside it with the code
+and settings that made them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import json
 import statistics
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -43,6 +49,7 @@ from reproduction import (
     summarise,
     write_card_section,
 )
+from verdicts import Headline, judge_headlines, verdict_lines
 
 from rlcaption.evaluation import caption_dataset, clip_scores, scene_grounding_scores
 from rlcaption.metrics import evaluate_captions, load_clip
@@ -82,6 +89,19 @@ def _methods(policy_steps: int, value_pretraining_steps: int) -> dict[str, tuple
         "actor-critic (embedding)": ("ac-embedding", "train_actor_critic.py", [*actor_critic, *embedding_only]),
         "actor-critic (CIDEr-D)": ("ac-cider", "train_actor_critic.py", actor_critic),
     }
+
+
+def _headlines(chosen: dict[str, float]) -> list[Headline]:
+    """Ren et al. 2017's claims on test; `chosen`: the λ of lookahead kept on validation per actor-critic model."""
+    claims = [
+        Headline("CIDEr", "actor-critic (CIDEr-D)", "SCST (CIDEr-D)", "higher", "CIDEr-D"),
+        Headline("t2i_R@1", "actor-critic (embedding)", "SCST (CIDEr-D)", "higher", "evaluator T2I R@1"),
+    ]
+    claims += [
+        Headline("CIDEr", f"{method}, λ = {lam:g}", method, "higher", "CIDEr-D, lookahead against plain beam search")
+        for method, lam in chosen.items()
+    ]
+    return claims
 
 
 def _judge(
@@ -221,9 +241,27 @@ def main() -> None:
         chosen_runs.update({name: num_runs[method] for name in list(chosen_rows)[-2:]})
     title = "Test split at the λ chosen on validation, beside plain beam search"
     tables.append(f"{title}\n\n{markdown_table(chosen_rows, chosen_runs, LOOKAHEAD_COLUMNS)}")
+    per_seed = {
+        method: dict(zip(args.seeds, runs, strict=True)) for method, runs in results.items() if method in methods
+    }
+    for method, lam in chosen.items():
+        per_seed[f"{method}, λ = {lam:g}"] = {
+            seed: {"CIDEr": run[f"lookahead_{lam:g}_CIDEr"]} for seed, run in per_seed[method].items()
+        }
+    comparisons = judge_headlines(per_seed, _headlines(chosen))
+    tables.append(verdict_lines(comparisons))
     print("\n\n".join(tables))
     (output_dir / "results.json").write_text(
-        json.dumps({"test": results, "validation": validation, "chosen_lambda": chosen}, indent=1)
+        json.dumps(
+            {
+                "seeds": args.seeds,
+                "test": results,
+                "validation": validation,
+                "chosen_lambda": chosen,
+                "verdicts": [asdict(comparison) for comparison in comparisons],
+            },
+            indent=1,
+        )
     )
     _plot(validation_rows, lambdas, args.plot)
     print(f"\nplot: {args.plot}")

@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/compare_objectives.py --xe-model checkpoints/show-tell-rl-shapes-xe \
         --num-train 4000 --num-validation 200 --num-test 500 --seeds 0 1 2 --bcmr --jobs 2 \
-        --output runs/compare_objectives.json
+        --output-dir runs/compare_objectives --output runs/compare_objectives.json
 
 Arms, each trained for `--policy-steps` policy updates at the same learning rate and linear schedule, all with the
 CIDEr-D reward (`--bcmr` adds SCST and spider_pg with the paper's BLEU-4 + CIDEr-D + METEOR + ROUGE-L mix):
@@ -25,6 +25,11 @@ the data order and the sampling. The table gives the mean and the sample standar
 the RL runs only (the XE row has none). Use the shapes sizes the XE model was trained with (the recipe's:
 `--num-train 4000 --num-validation 200 --num-test 500`). `--jobs 2` runs two runs at a
 time in separate processes, each on one thread.
+
+Every run (each arm and seed, and the warm start's scores) is kept in its folder of `--output-dir` with the key of
+`reproduction.py`'s cache (the arm's settings, the shared options, the code version, torch and transformers), so a
+second invocation with the same options and code reads the scores instead of training again, and a folder made
+otherwise is refused. The JSON report records the same code and library versions.
 """
 
 from __future__ import annotations
@@ -34,14 +39,21 @@ import json
 import multiprocessing
 import os
 import statistics
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import datasets
 import torch
-from reproduction import EVALUATOR_CLIP, REPOSITORY, benchmark_command, plot_to, write_card_section
+from reproduction import (
+    EVALUATOR_CLIP,
+    REPOSITORY,
+    benchmark_command,
+    plot_to,
+    run_key,
+    run_once,
+    write_card_section,
+)
 from verdicts import compare_family
 
 from rlcaption.data import load_shapes
@@ -122,17 +134,57 @@ def _load_shapes(args) -> datasets.DatasetDict:
     return _shapes
 
 
-def _run_arm(args, name: str, settings: dict, seed: int, work_dir: str) -> dict[str, float]:
-    """Trains one RL arm from the shared XE model and scores it on the test split (a worker process's job)."""
+def _shared_options(args) -> list[str]:
+    """The options every run depends on, as its cache key records them (the arm's settings and seed besides)."""
+    return [
+        "--data-seed", str(args.data_seed), "--num-train", str(args.num_train),
+        "--num-validation", str(args.num_validation), "--num-test", str(args.num_test),
+        "--image-size", str(args.image_size), "--xe-model", str(args.xe_model), "--metrics", *args.metrics,
+        "--eval-clip", str(args.eval_clip),
+    ]  # fmt: skip
+
+
+def _run_dir(args, name: str, seed: int | None = None) -> Path:
+    folder = name.replace(", ", "-").replace(" ", "-") + (f"-seed{seed}" if seed is not None else "")
+    return Path(args.output_dir).resolve() / folder
+
+
+def _key(args, name: str, options: list[str]) -> dict:
+    """The cache key of a run: its arm and options, and the code and library versions read once at the start."""
+    return {**args.versions, "recipe": f"compare_objectives.py: {name}", "options": options}
+
+
+def _score_warm_start(args) -> dict[str, float]:
+    """The XE warm start's test scores, cached like a run."""
+
+    def score() -> dict[str, dict[str, float]]:
+        processor = CaptionProcessor.from_pretrained(args.xe_model)
+        model = ShowTellRL.from_pretrained(args.xe_model)
+        return {"test": _score(model, processor, _load_shapes(args)["test"], args.metrics, args.eval_clip)}
+
+    scores = run_once(_run_dir(args, "XE"), _key(args, "XE warm start", _shared_options(args)), score)["test"]
+    return {**scores, "train_seconds": 0.0, "policy_steps": 0.0}
+
+
+def _run_arm(args, name: str, settings: dict, seed: int) -> dict[str, float]:
+    """
+    Trains one RL arm from the shared XE model and scores it on the test split (a worker process's job), unless the
+    run is cached in its folder of `--output-dir`.
+    """
     torch.set_num_threads(args.threads_per_job)
-    shapes = _load_shapes(args)
-    processor = CaptionProcessor.from_pretrained(args.xe_model)
-    model = ShowTellRL.from_pretrained(args.xe_model)
-    output_dir = os.path.join(work_dir, f"{name.replace(', ', '-').replace(' ', '-')}-{seed}")
     rl_settings = {"learning_rate": args.rl_learning_rate, **settings}
-    seconds = _train(model, processor, shapes["train"], output_dir, seed, **rl_settings)
-    row = {**_score(model, processor, shapes["test"], args.metrics, args.eval_clip), "train_seconds": seconds}
-    row["policy_steps"] = float(args.policy_steps)
+    output_dir = _run_dir(args, name, seed)
+
+    def train_and_score() -> dict[str, dict[str, float]]:
+        shapes = _load_shapes(args)
+        processor = CaptionProcessor.from_pretrained(args.xe_model)
+        model = ShowTellRL.from_pretrained(args.xe_model)
+        seconds = _train(model, processor, shapes["train"], str(output_dir), seed, **rl_settings)
+        row = {**_score(model, processor, shapes["test"], args.metrics, args.eval_clip), "train_seconds": seconds}
+        return {"test": {**row, "policy_steps": float(args.policy_steps)}}
+
+    options = ["--seed", str(seed), "--settings", json.dumps(rl_settings, sort_keys=True), *_shared_options(args)]
+    row = run_once(output_dir, _key(args, name, options), train_and_score)["test"]
     print(f"[seed {seed}] {name}: {row}", flush=True)
     return row
 
@@ -221,32 +273,30 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="Runs trained at a time, in separate processes.")
     parser.add_argument("--metrics", nargs="+", default=list(METRIC_KEYS), choices=list(METRIC_KEYS))
     parser.add_argument("--eval-clip", default=str(REPOSITORY / EVALUATOR_CLIP), help="The evaluator CLIP.")
+    parser.add_argument(
+        "--output-dir", default="runs/compare_objectives", help="The cache: one folder per run (arm and seed)."
+    )
     parser.add_argument("--output", default=None, help="Optional JSON file for the per-seed scores and the summary.")
     parser.add_argument("--plot", default=None, help="Optional picture of CIDEr-D against the evaluator's R@1.")
     parser.add_argument("--card", default=None, help="Optional model card (README.md) to put the table into.")
     args = parser.parse_args()
     # two processes on two cores run best on one thread each
     args.threads_per_job = max(1, (os.cpu_count() or 1) // args.jobs)
+    # read once, so that every run and the report name the code as it was when the comparison started
+    args.versions = {field: value for field, value in run_key("", []).items() if field not in ("recipe", "options")}
     torch.set_num_threads(args.threads_per_job)
     start = time.perf_counter()
 
-    shapes = _load_shapes(args)
-    runs: dict[str, list[dict[str, float]]] = {"XE": []}
-    with tempfile.TemporaryDirectory() as work_dir:
-        processor = CaptionProcessor.from_pretrained(args.xe_model)
-        xe_model = ShowTellRL.from_pretrained(args.xe_model)
-        xe_scores = _score(xe_model, processor, shapes["test"], args.metrics, args.eval_clip)
-        runs["XE"].append({**xe_scores, "train_seconds": 0.0, "policy_steps": 0.0})
-        print(f"XE warm start: {xe_scores}", flush=True)
-
-        arms = _arms(args)
-        jobs = [(name, settings, seed) for seed in args.seeds for name, settings in arms.items()]
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch threads
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
-            futures = [pool.submit(_run_arm, args, name, settings, seed, work_dir) for name, settings, seed in jobs]
-            rows = [future.result() for future in futures]
-        for (name, _, _), row in zip(jobs, rows, strict=True):
-            runs.setdefault(name, []).append(row)
+    runs: dict[str, list[dict[str, float]]] = {"XE": [_score_warm_start(args)]}
+    print(f"XE warm start: {runs['XE'][0]}", flush=True)
+    arms = _arms(args)
+    jobs = [(name, settings, seed) for seed in args.seeds for name, settings in arms.items()]
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch threads
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
+        futures = [pool.submit(_run_arm, args, name, settings, seed) for name, settings, seed in jobs]
+        rows = [future.result() for future in futures]
+    for (name, _, _), row in zip(jobs, rows, strict=True):
+        runs.setdefault(name, []).append(row)
 
     keys = [METRIC_KEYS[metric] for metric in args.metrics] + EXTRA_KEYS
     summary = _summary(runs, [*keys, "train_seconds"])
@@ -273,7 +323,8 @@ def main() -> None:
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w", encoding="utf-8") as handle:
-            report = {"settings": vars(args), "runs": runs, "summary": summary, "verdicts": verdicts}
+            settings = {name: value for name, value in vars(args).items() if name != "versions"}
+            report = {"settings": settings, **args.versions, "runs": runs, "summary": summary, "verdicts": verdicts}
             json.dump({**report, "heading": heading, "table": table, "minutes": minutes}, handle, indent=2)
 
 

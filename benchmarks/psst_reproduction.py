@@ -16,9 +16,13 @@ that comparison is made on validation and read on test: the fixed CIDEr-D is the
 way reaches at some λ on validation, each way and seed keeps the λ of its best validation listener R@10 among the λs
 at or above it, and the test scores of those runs are reported. The λ and ρ sweeps are shown on validation.
 
-Prints the tables (mean ± s.d. over seeds), writes `<output-dir>/results.json`, plots validation recall@10 against
-CIDEr-D (`--plot`) and, with `--card`, puts the tables and the plot into a checkpoint's model card. Runs whose scores
-exist are read, not trained again.
+The verdicts, by the rule of `verdicts.py` on test (paired by seed: each seed's runs share its warm start, listener
+and data order): for each way, listener feedback at the λ chosen on validation against the control λ (the smallest
+of the sweep), and the paper's ordering PSST > ST > REINFORCE at the fixed CIDEr-D.
+
+Prints the tables (mean ± s.d. over seeds) and the verdicts, writes `<output-dir>/results.json`, plots validation
+recall@10 against CIDEr-D (`--plot`) and, with `--card`, puts the tables, the verdicts and the plot into a
+checkpoint's model card. Runs whose scores exist are read, not trained again.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -41,6 +46,7 @@ from reproduction import (
     summarise,
     write_card_section,
 )
+from verdicts import Headline, judge_headlines, verdict_lines
 
 # the ways of passing words: name -> recipe options
 WAYS = {
@@ -48,7 +54,8 @@ WAYS = {
     "psst": ["--psst_mode", "psst"],
     "gumbel": ["--psst_mode", "gumbel"],
     # Jang et al. 2017's annealing τ = max(0.5, exp(−r t)), with r and the update interval scaled from their 1e-5 and
-    # 500 (which would never move τ in 125 steps) so that τ falls from 1 to 0.5 within the run
+    # 500 (which would never move τ in 125 steps): τ falls from 1 to exp(−5.5e-3 · 100) = 0.577 at step 100, its last
+    # update within the 125 steps
     "st_gumbel, annealed": [
         "--psst_mode", "st_gumbel", "--gumbel_temperature_schedule", "annealed",
         "--gumbel_annealing_rate", "5.5e-3", "--gumbel_annealing_interval", "25",
@@ -104,6 +111,22 @@ def _options(start: Path, way: str, lam: float, rho: float, seed: int, max_steps
         "--model_name_or_path", str(start), *WAYS[way], "--psst_lambda", f"{lam:g}", "--psst_rho", f"{rho:g}",
         "--max_steps", str(max_steps), *_common(seed),
     ]  # fmt: skip
+
+
+def headlines(ways: list[str]) -> list[Headline]:
+    """
+    Vered et al.'s claims on test: listener feedback raises the listener's recall for every way of passing words (each
+    way at its chosen λs against its control λ), and R@10 PSST > ST > REINFORCE at a fixed CIDEr-D.
+    """
+    claims = [
+        Headline("listener_R@10", f"{way} (chosen λ)", f"{way} (control λ)", "higher", "listener R@10") for way in ways
+    ]
+    for better, worse in (("psst", "st"), ("st", "reinforce")):
+        if better in ways and worse in ways:
+            claims.append(
+                Headline("listener_R@10", f"{better} (chosen λ)", f"{worse} (chosen λ)", "higher", "listener R@10")
+            )
+    return claims
 
 
 def chosen_run(runs: dict[float, dict[str, dict[str, float]]], fixed_cider: float) -> float:
@@ -244,6 +267,19 @@ def main() -> None:
         {**chosen_num, warm_up_row: len(start)},
     )
     add_table("The same runs' greedy captions, both axes on them (test)", chosen_greedy, chosen_num, GREEDY_COLUMNS)
+    control = min(args.lambdas)
+    per_seed = {}
+    for way, lambdas in chosen.items():
+        per_seed[f"{way} (chosen λ)"] = {
+            seed: results[(way, lam, 0.25)][index]["test"]
+            for index, (seed, lam) in enumerate(zip(args.seeds, lambdas, strict=True))
+        }
+        per_seed[f"{way} (control λ)"] = {
+            seed: results[(way, control, 0.25)][index]["test"] for index, seed in enumerate(args.seeds)
+        }
+    comparisons = judge_headlines(per_seed, headlines(args.ways))
+    tables.append(verdict_lines(comparisons))
+    print(f"\n{tables[-1]}")
     rho_rows = sorted(name[key] for key in results if key[0] == "psst" and key[1] == args.rho_lambda)
     add_table(
         f"ρ sweep of psst at λ={args.rho_lambda * 1e3:g}e-3 (validation)",
@@ -254,8 +290,10 @@ def main() -> None:
         json.dumps(
             {
                 "runs": {name[key]: runs for key, runs in results.items()},
+                "seeds": args.seeds,
                 "fixed_cider": fixed,
                 "chosen_lambda": chosen,
+                "verdicts": [asdict(comparison) for comparison in comparisons],
             },
             indent=1,
         )

@@ -1,16 +1,19 @@
 """
-What the reproduction benchmarks (`sle_reproduction.py`, `psst_reproduction.py`, ...) share: each run is a recipe of
-`examples/` launched as a user would, once (a run whose `eval_results.json` exists is read, not trained again, so an
-interrupted reproduction continues where it stopped), and the runs of a row are summarised as mean ± standard
-deviation over seeds in a Markdown table.
+What the reproduction benchmarks (`sle_reproduction.py`, `psst_reproduction.py`, `compare_objectives.py`, ...) share:
+each run is made once (a run whose `eval_results.json` exists is read, not made again, so an interrupted reproduction
+continues where it stopped), and the runs of a row are summarised as mean ± standard deviation over seeds in a Markdown
+table.
 
-A run's folder holds `run_key.json` beside its results: the recipe, its command-line options and the code version
-(the git commit, else the package version) that made it. A folder made by another recipe, other options or other
-code is refused with the fields that differ, never read as this run's results.
+One cache serves them all: a run's folder holds `run_key.json` beside its results, with what made it: the recipe (an
+`examples/` script, or the benchmark's own arm), its options, the code version (the git commit and a hash of the
+uncommitted changes to tracked files, else the package version) and the torch and transformers versions. A folder made
+by another recipe, other options, other code or other library versions is refused with the fields that differ, never
+read as this run's results.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -19,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,25 +35,41 @@ EVALUATOR_CLIP = "checkpoints/shapes-clip-evaluator"
 RUN_KEY_FILE = "run_key.json"
 
 
+RESULTS_FILE = "eval_results.json"
+# the fields of a run key besides its options, in the order a refusal names them
+KEY_FIELDS = ("recipe", "code", "torch", "transformers")
+
+
 def code_version() -> str:
-    """The code a run is made by: `git:<commit>` of this repository (`+dirty` with uncommitted changes to tracked
-    files), else `rlcaption <version>` of the installed package."""
+    """
+    The code a run is made by: `git:<commit>` of this repository, followed by `+diff:<hash>` (the first 16 hex digits
+    of the SHA-256 of `git diff HEAD`) when tracked files have uncommitted changes, so that two different uncommitted
+    states never share results; else `rlcaption <version>` of the installed package.
+    """
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True, check=True
         ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPOSITORY, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+        changes = subprocess.run(
+            ["git", "diff", "HEAD", "--binary"], cwd=REPOSITORY, capture_output=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return f"rlcaption {importlib.metadata.version('rlcaption')}"
-    return f"git:{commit}" + ("+dirty" if changed else "")
+    return f"git:{commit}" + (f"+diff:{hashlib.sha256(changes).hexdigest()[:16]}" if changes else "")
 
 
 def run_key(recipe: str, options: Sequence[str]) -> dict[str, Any]:
-    """What makes a run's results: its recipe, its command-line options (all but `--output_dir`) and the code."""
-    return {"recipe": recipe, "options": list(options), "code": code_version()}
+    """
+    What makes a run's results: its recipe, its command-line options (all but `--output_dir`), the code version and
+    the torch and transformers versions.
+    """
+    return {
+        "recipe": recipe,
+        "options": list(options),
+        "code": code_version(),
+        "torch": importlib.metadata.version("torch"),
+        "transformers": importlib.metadata.version("transformers"),
+    }
 
 
 def _option_values(options: Sequence[str]) -> dict[str, list[str]]:
@@ -74,8 +93,8 @@ def key_differences(cached: Mapping[str, Any], wanted: Mapping[str, Any]) -> lis
     """The fields in which the key of a cached run differs from the wanted one, each as `field: cached → wanted`."""
     differences = [
         f"{field}: {cached.get(field)!r} → {wanted[field]!r}"
-        for field in ("recipe", "code")
-        if cached.get(field) != wanted[field]
+        for field in KEY_FIELDS
+        if cached.get(field) != wanted.get(field)
     ]
     cached_options, wanted_options = _option_values(cached.get("options", [])), _option_values(wanted["options"])
     for flag in sorted(set(cached_options) | set(wanted_options)):
@@ -87,8 +106,8 @@ def key_differences(cached: Mapping[str, Any], wanted: Mapping[str, Any]) -> lis
 
 def check_run_key(run_dir: Path, key: Mapping[str, Any]) -> None:
     """
-    Refuses a run folder that another recipe, other options or other code made (its `run_key.json` differs from
-    `key`), and one with results but no key (nothing says what made them).
+    Refuses a run folder that another recipe, other options, other code or other library versions made (its
+    `run_key.json` differs from `key`), and one with results but no key (nothing says what made them).
 
     Raises:
         `RuntimeError`: naming the differing fields and how to rerun.
@@ -96,7 +115,7 @@ def check_run_key(run_dir: Path, key: Mapping[str, Any]) -> None:
     key_file = run_dir / RUN_KEY_FILE
     rerun = f"delete {run_dir} to rerun it, or give the benchmark another --output-dir"
     if not key_file.is_file():
-        if (run_dir / "eval_results.json").is_file():
+        if (run_dir / RESULTS_FILE).is_file():
             raise RuntimeError(
                 f"{run_dir} holds results but no {RUN_KEY_FILE}: nothing says which options and code made them, so "
                 f"they cannot be reused; {rerun}."
@@ -107,28 +126,41 @@ def check_run_key(run_dir: Path, key: Mapping[str, Any]) -> None:
         raise RuntimeError(f"{run_dir} was made by another run ({'; '.join(differences)}); {rerun}.")
 
 
-def run_recipe_once(recipe: str, run_dir: Path, options: Sequence[str]) -> dict[str, dict[str, float]]:
+def run_once(run_dir: Path, key: Mapping[str, Any], make: Callable[[], dict]) -> dict:
     """
-    Runs `examples/<recipe> --output_dir <run_dir> <options>` on one core (its log in `run_dir/log.txt`) unless the
-    run's scores exist, and returns them by split (`{"test": {...}}`, and `"validation"` with `--score_validation`).
-    The folder must have been made by this recipe with these options and this code ([`check_run_key`]); a new run
-    records them in `run_dir/run_key.json` before it starts.
+    The results of the run that `key` names ([`run_key`]), from the cache folder `run_dir`: read from its
+    `eval_results.json` if the run was made, else made by `make()` (which returns them, or writes that file itself)
+    after `key` is recorded in `run_dir/run_key.json`. A folder that another run made is refused ([`check_run_key`]).
     """
-    key = run_key(recipe, options)
     check_run_key(run_dir, key)
-    results = run_dir / "eval_results.json"
+    results = run_dir / RESULTS_FILE
     if not results.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / RUN_KEY_FILE).write_text(json.dumps(key, indent=1))
+        made = make()
+        if not results.is_file():
+            results.write_text(json.dumps(made, indent=1))
+    return json.loads(results.read_text())
+
+
+def run_recipe_once(recipe: str, run_dir: Path, options: Sequence[str]) -> dict[str, dict[str, float]]:
+    """
+    Runs `examples/<recipe> --output_dir <run_dir> <options>` on one core (its log in `run_dir/log.txt`) unless the
+    run's scores are cached ([`run_once`]), and returns them by split (`{"test": {...}}`, and `"validation"` with
+    `--score_validation`).
+    """
+
+    def launch() -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         command = [sys.executable, f"examples/{recipe}", "--output_dir", str(run_dir), *options]
         start = time.perf_counter()
         with open(run_dir / "log.txt", "w", encoding="utf-8") as log:
             completed = subprocess.run(command, cwd=REPOSITORY, env=env, stdout=log, stderr=subprocess.STDOUT)
-        if completed.returncode != 0:
+        if completed.returncode != 0 or not (run_dir / RESULTS_FILE).is_file():
             raise RuntimeError(f"{' '.join(command)} failed; see {run_dir / 'log.txt'}.")
         print(f"[{run_dir.name}] {time.perf_counter() - start:.0f} s", flush=True)
-    return json.loads(results.read_text())
+
+    return run_once(run_dir, run_key(recipe, options), launch)
 
 
 def summarise(runs: Sequence[Mapping[str, float]], keys: Sequence[str]) -> dict[str, tuple[float, float]]:

@@ -11,7 +11,9 @@ epoch on the 4,000 training images, scored on the validation and test splits (`<
 a run whose scores exist is not trained again, so an interrupted reproduction continues where it stopped. The XE rows
 score the warm start itself with the same protocol. The method table uses the paper's α = 0.75 and reads the test
 split; the α sweep, where one would choose α, is shown on the validation split. Prints Markdown tables (mean ±
-standard deviation over seeds) and writes `<output-dir>/results.json` and the plot `--plot`.
+standard deviation over seeds), the verdict of each of the paper's claims on test by the rule of `verdicts.py`
+(paired by seed: every method's seed starts from the same warm start with the same data order), and writes
+`<output-dir>/results.json` and the plot `--plot`.
 """
 
 from __future__ import annotations
@@ -21,21 +23,22 @@ import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
-    RUN_KEY_FILE,
     WARM_START,
-    check_run_key,
     markdown_table,
     plot_to,
     run_key,
+    run_once,
     run_recipe_once,
     summarise,
 )
+from verdicts import Headline, judge_headlines, verdict_lines
 
 # method -> the recipe options that select it
 METHODS = {
@@ -43,6 +46,14 @@ METHODS = {
     "SLL-ME": ["--objective", "scst", "--entropy_bonus_weight", "1e-2"],
     "SLE": ["--objective", "sle", "--sle_alpha", "0.75"],
 }
+# Chen & Jin 2020's claims (Table 4), SLE against SLL on test: more diverse samples at no loss of CIDEr-D (judged in
+# the direction "not below": "opposite" there means the diversity was bought with CIDEr-D)
+HEADLINES = (
+    Headline("sample5_Div-2", "SLE", "SLL", "higher", "Div-2 of 5 samples"),
+    Headline("sample5_mBLEU-4", "SLE", "SLL", "lower", "mBLEU-4 of 5 samples"),
+    Headline("sample5_CIDEr", "SLE", "SLL", "higher", "CIDEr-D of 5 samples"),
+    Headline("CIDEr", "SLE", "SLL", "higher", "CIDEr-D (beam 5)"),
+)
 # (score key, header); sample5_* are the 5 random samples per image, beam5_* the beam-5 top 5
 COLUMNS = (
     ("CIDEr", "CIDEr-D (beam 5)"),
@@ -70,10 +81,8 @@ def _common_options(seed: int, num_train_images: int) -> list[str]:
 def _score_warm_start(run_dir: Path, seed: int) -> dict[str, dict[str, float]]:
     """The XE warm start judged with the recipe's own evaluation (no training step), by split."""
     options = _common_options(seed, 4000)
-    key = run_key("train_sle.py, its evaluation of the warm start without training", options)
-    check_run_key(run_dir, key)
-    results = run_dir / "eval_results.json"
-    if not results.is_file():
+
+    def evaluate() -> dict[str, dict[str, float]]:
         sys.path.insert(0, str(REPOSITORY / "examples"))
         import train_sle
 
@@ -89,17 +98,14 @@ def _score_warm_start(run_dir: Path, seed: int) -> dict[str, dict[str, float]]:
         dataset = load_recipe_dataset(script_args)
         trainer = RLCaptionTrainer(model=model, args=args, processing_class=processor, train_dataset=dataset["train"])
         scores = {split: trainer.evaluate(dataset[split], metric_key_prefix=split) for split in ("validation", "test")}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / RUN_KEY_FILE).write_text(json.dumps(key, indent=1))
-        results.write_text(
-            json.dumps(
-                {
-                    split: {key.removeprefix(f"{split}_"): value for key, value in split_scores.items()}
-                    for split, split_scores in scores.items()
-                }
-            )
-        )
-    return json.loads(results.read_text())
+        return {
+            split: {key.removeprefix(f"{split}_"): value for key, value in split_scores.items()}
+            for split, split_scores in scores.items()
+        }
+
+    return run_once(
+        run_dir, run_key("train_sle.py, its evaluation of the warm start without training", options), evaluate
+    )
 
 
 def _plot(
@@ -174,7 +180,15 @@ def main() -> None:
     print(table(main_rows, num_seeds))
     print("\nSLE alpha sweep, validation split (200 images), with the SLL baselines")
     print(table(sweep_rows, sweep_seeds))
-    (output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    seeds = {name: args.alpha_seeds if name.startswith("SLE α") else args.seeds for name in results}
+    per_seed = {
+        name: {seed: run["test"] for seed, run in zip(seeds[name], runs, strict=True)}
+        for name, runs in results.items()
+    }
+    comparisons = judge_headlines(per_seed, HEADLINES)
+    print(f"\n{verdict_lines(comparisons)}")
+    report = {"runs": results, "seeds": seeds, "verdicts": [asdict(comparison) for comparison in comparisons]}
+    (output_dir / "results.json").write_text(json.dumps(report, indent=1))
     alphas = {"SLE": 0.75, **{f"SLE α={alpha:g}": alpha for alpha in args.alphas}}
     _plot(validation, alphas, num_seeds, args.plot)
     print(f"\nplot: {args.plot}")

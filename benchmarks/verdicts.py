@@ -18,6 +18,10 @@ The verdict is read off the interval only, in one vocabulary:
 Multiple comparisons: a page tests a family of headlines, each named before its runs. Each interval is a Bonferroni
 interval for its family (confidence 1 - 0.05 / m for m headlines), so that the chance of any false "reproduced" or
 "opposite" on a page stays at most 5%; the p-values printed are the unadjusted ones, next to the family size.
+
+A reproduction names its headlines as [`Headline`]s and judges its per-seed runs with [`judge_headlines`]; a table
+published as mean ± standard deviation only (no per-seed scores kept) can still be judged with Welch's interval
+by [`compare_summaries`].
 """
 
 from __future__ import annotations
@@ -29,7 +33,15 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-__all__ = ["Comparison", "compare_arms", "compare_family"]
+__all__ = [
+    "Comparison",
+    "Headline",
+    "compare_arms",
+    "compare_family",
+    "compare_summaries",
+    "judge_headlines",
+    "verdict_lines",
+]
 
 # Which way the paper says the difference goes: first arm above the second (+1) or below it (-1).
 DIRECTIONS = {"higher": 1, "lower": -1}
@@ -106,6 +118,56 @@ def compare_arms(
         degrees_of_freedom = _welch_degrees_of_freedom(
             variance_first, variance_second, len(first_values), len(second_values)
         )
+    return _comparison(
+        difference, standard_error, degrees_of_freedom, confidence, direction, metric, names,
+        test="paired" if paired else "Welch", num_seeds=min(len(first_values), len(second_values)),
+    )  # fmt: skip
+
+
+def compare_summaries(
+    first: tuple[float, float, int],
+    second: tuple[float, float, int],
+    direction: str = "higher",
+    confidence: float = 0.95,
+    metric: str = "",
+    names: tuple[str, str] = ("first", "second"),
+) -> Comparison:
+    """
+    Welch's interval of `first - second` from each arm's `(mean, sample standard deviation, number of seeds)`: how a
+    table that kept no per-seed scores is judged. Where the arms shared seeds, the paired interval of
+    [`compare_arms`] on the per-seed scores is the sharper one; this one ignores what the seed does to both arms.
+
+    Raises:
+        `ValueError`: an arm with fewer than 2 seeds or an unknown direction.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {list(DIRECTIONS)}, not {direction!r}.")
+    (first_mean, first_sd, first_n), (second_mean, second_sd, second_n) = first, second
+    if min(first_n, second_n) < 2:
+        raise ValueError(
+            f"{metric or 'A comparison'} needs at least 2 seeds per arm to estimate a spread; got {first_n} and "
+            f"{second_n}."
+        )
+    variance_first, variance_second = first_sd**2 / first_n, second_sd**2 / second_n
+    return _comparison(
+        first_mean - second_mean, math.sqrt(variance_first + variance_second),
+        _welch_degrees_of_freedom(variance_first, variance_second, first_n, second_n), confidence, direction, metric,
+        names, test="Welch", num_seeds=min(first_n, second_n),
+    )  # fmt: skip
+
+
+def _comparison(
+    difference: float,
+    standard_error: float,
+    degrees_of_freedom: float,
+    confidence: float,
+    direction: str,
+    metric: str,
+    names: tuple[str, str],
+    test: str,
+    num_seeds: int,
+) -> Comparison:
+    """The interval and p-value of a difference from its standard error on Student's t, and its verdict."""
     if standard_error == 0:
         # every seed gave the same difference: no spread to be uncertain about
         low = high = difference
@@ -114,7 +176,6 @@ def compare_arms(
         half_width = stats.t.ppf(0.5 + confidence / 2, degrees_of_freedom) * standard_error
         low, high = difference - half_width, difference + half_width
         p_value = float(2 * stats.t.sf(abs(difference) / standard_error, degrees_of_freedom))
-    num_seeds = min(len(first_values), len(second_values))
     return Comparison(
         metric=metric,
         first=names[0],
@@ -124,7 +185,7 @@ def compare_arms(
         high=float(high),
         p_value=p_value,
         confidence=confidence,
-        test="paired" if paired else "Welch",
+        test=test,
         num_seeds=num_seeds,
         verdict=_verdict(low, high, DIRECTIONS[direction], num_seeds),
     )
@@ -137,6 +198,63 @@ def compare_family(headlines: Sequence[Mapping], confidence: float = 0.95) -> li
     """
     family_confidence = 1 - (1 - confidence) / max(len(headlines), 1)
     return [compare_arms(**headline, confidence=family_confidence) for headline in headlines]
+
+
+@dataclass(frozen=True)
+class Headline:
+    """
+    One claim of a paper that a reproduction tests: `first` against `second` on the score `key`, in the paper's
+    `direction` (`"higher"`: first above second). `metric` is the score's name on the page (default `key`).
+    """
+
+    key: str
+    first: str
+    second: str
+    direction: str = "higher"
+    metric: str = ""
+
+
+def judge_headlines(
+    runs: Mapping[str, Mapping[int, Mapping[str, float]]], headlines: Sequence[Headline], confidence: float = 0.95
+) -> list[Comparison]:
+    """
+    Judges a page's headlines as one family ([`compare_family`]) from its runs, `{arm: {seed: scores}}`. Two arms
+    that hold the same seeds are paired by seed (every reproduction starts each seed's arms from the same warm start
+    with the same data order), others get Welch's interval. A headline whose arm is missing, lacks the score or has
+    fewer than 2 seeds cannot be judged and is left out of the family (a reproduction run with one seed judges
+    nothing).
+    """
+    judged = []
+    for headline in headlines:
+        arms = [runs.get(headline.first, {}), runs.get(headline.second, {})]
+        per_seed = [
+            {seed: scores[headline.key] for seed, scores in arm.items() if scores.get(headline.key) is not None}
+            for arm in arms
+        ]
+        if min(len(values) for values in per_seed) < 2:
+            continue
+        judged.append(
+            {
+                "first": per_seed[0],
+                "second": per_seed[1],
+                "direction": headline.direction,
+                "paired": set(per_seed[0]) == set(per_seed[1]),
+                "metric": headline.metric or headline.key,
+                "names": (headline.first, headline.second),
+            }
+        )
+    return compare_family(judged, confidence)
+
+
+def verdict_lines(comparisons: Sequence[Comparison]) -> str:
+    """The verdicts of a page's family as Markdown: a line saying how they were judged, then one item each."""
+    if not comparisons:
+        return "Verdicts: none (every headline needs at least 2 seeds of each arm)."
+    header = (
+        f"Verdicts by the rule of `benchmarks/verdicts.py`: {len(comparisons)} headline(s) judged as one family, each "
+        f"interval at {comparisons[0].confidence:.2%} (Bonferroni); p-values unadjusted."
+    )
+    return "\n".join([header, "", *(f"- {comparison.sentence()}" for comparison in comparisons)])
 
 
 def _verdict(low: float, high: float, sign: int, num_seeds: int) -> str:

@@ -14,9 +14,11 @@ is kept. At that rate, the variants whose reward has a discriminator run again w
 image's CLIP embedding beside the caption's (`--discriminator_input image_text`, as the authors' code does), and the
 test split is read once for every run at the chosen rate.
 
-Prints the validation table of every rate and the test table at the chosen one (mean ± s.d. over seeds), writes
-`<output-dir>/results.json`, plots the evaluator's test text-to-image R@1 against CIDEr-D (`--plot`) and, with
-`--card`, puts the test table into a checkpoint's model card. Runs whose scores exist are read, not trained again.
+Prints the validation table of every rate and the test table at the chosen one (mean ± s.d. over seeds) with the
+verdict of each of the paper's claims on test by the rule of `verdicts.py` (paired by seed: every variant's seed
+starts from the same warm start with the same data order), writes `<output-dir>/results.json`, plots the
+evaluator's test text-to-image R@1 against CIDEr-D (`--plot`) and, with `--card`, puts the test table and the
+verdicts into a checkpoint's model card. Runs whose scores exist are read, not trained again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -38,6 +41,7 @@ from reproduction import (
     summarise,
     write_card_section,
 )
+from verdicts import Headline, judge_headlines, verdict_lines
 
 # the rows of Table 1, and `rl` without the discriminator's part of the reward (α = 1): what the discriminator prevents
 VARIANT_OPTIONS = {
@@ -53,6 +57,19 @@ VARIANTS = tuple(VARIANT_OPTIONS)
 # the variants whose reward has the discriminator's part (α < 1); `tf` trains on the ground truth alone
 DISCRIMINATOR_VARIANTS = ("wtf", "wtf_rl", "rl", "rl_unidirectional", "scst_discriminator")
 IMAGE_TEXT = ", image_text"
+# Chaffin et al. 2024's claims (Table 1), on test at the chosen rate, by the evaluator CLIP no reward used
+HEADLINES = (
+    Headline("t2i_R@1", "wtf", "tf", "higher", "evaluator T2I R@1"),
+    Headline("t2i_R@1", "wtf_rl", "tf", "higher", "evaluator T2I R@1"),
+    Headline("CIDEr", "wtf_rl", "rl", "higher", "CIDEr-D"),
+    Headline("t2i_R@1", "rl", "tf", "higher", "evaluator T2I R@1"),
+    Headline("t2i_R@1", "rl_unidirectional", "rl", "lower", "evaluator T2I R@1"),
+    # the discriminator keeps the writing: RL with it against RL without (α = 1)
+    Headline("CIDEr", "rl", "rl_no_discriminator", "higher", "CIDEr-D"),
+    Headline("object_f1", "rl", "rl_no_discriminator", "higher", "object F1"),
+    # the authors' discriminator reads the image's embedding too
+    Headline("i2t_R@1", f"wtf_rl{IMAGE_TEXT}", "wtf_rl", "higher", "evaluator I2T R@1"),
+)
 COLUMNS = (
     ("reward_clip_t2i_R@1", "reward CLIP T2I R@1"),
     ("reward_clip_i2t_R@1", "reward CLIP I2T R@1"),
@@ -176,15 +193,23 @@ def main() -> None:
         f"rate {learning_rate:g} (the largest with no collapse on validation)"
     )
     markdown = table(test, {variant: len(runs) for variant, runs in chosen.items()})
-    print(f"\n{title}\n{markdown}")
+    per_seed = {
+        variant: {seed: run["test"] for seed, run in zip(args.seeds, runs, strict=True)}
+        for variant, runs in chosen.items()
+    }
+    comparisons = judge_headlines(per_seed, HEADLINES)
+    verdicts = verdict_lines(comparisons)
+    print(f"\n{title}\n{markdown}\n\n{verdicts}")
     if args.card is not None:
-        section = f"{title} (`{benchmark_command()}`):\n\n{markdown}"
+        section = f"{title} (`{benchmark_command()}`):\n\n{markdown}\n\n{verdicts}"
         write_card_section(args.card, "Table 1 of the paper on shapes", section)
     (output_dir / "results.json").write_text(
         json.dumps(
             {
                 "runs": {f"{v}, lr {rate:g}": runs for (v, rate), runs in results.items()},
+                "seeds": args.seeds,
                 "learning_rate": learning_rate,
+                "verdicts": [asdict(comparison) for comparison in comparisons],
             },
             indent=1,
         )

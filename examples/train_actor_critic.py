@@ -7,7 +7,10 @@ start:
 The XE captioner becomes the policy of a new `PolicyValueCaptioner`. Its value network first learns alone, by
 regression on the rewards of captions sampled from the fixed policy (`--value_pretraining_steps`); then both learn
 together: the policy by the policy gradient with advantage `R − v(s_t)`, the value network by regression
-(`--value_loss_weight`, `--value_learning_rate`). The reward is `--reward_funcs` (CIDEr-D by default) plus, with
+(`--value_loss_weight`, `--value_learning_rate`). A budget in epochs (`--num_train_epochs`, 1 by default) counts policy
+updates, as `train_scst.py`'s does, and the value pretraining comes on top: by default both recipes give the captioner
+the same updates (one epoch, 125 on shapes), here after 100 value-pretraining steps. A budget in `--max_steps` counts
+both phases. The reward is `--reward_funcs` (CIDEr-D by default) plus, with
 `--embedding_model <folder or Hub id>` and `--embedding_weight`, the visual-semantic embedding reward
 `cos(h_T(S), l_e(f_I))` of that model (`rlcaption.rewards.embedding`).
 
@@ -81,7 +84,7 @@ class ScriptArguments(RecipeArguments):
     )
 
 
-def _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=None):
+def _model_card(model, training_args, script_args, scores, num_test_images, budget, optimizer_steps=None):
     embedding = [f"embedding (`{script_args.embedding_model}`)"] if script_args.embedding_model else []
     reward = reward_description(training_args, [*training_args.reward_funcs, *embedding])
     return recipe_model_card(
@@ -102,7 +105,7 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
             "value loss weight": training_args.value_loss_weight,
             "value network recurrence": model.config.value_rnn_type.upper(),
             "sampled captions per image": training_args.num_samples_per_image,
-            "epochs": f"{training_args.num_train_epochs:g}",
+            "budget": budget,
             "learning rate": f"{training_args.learning_rate:g}",
         },
         tags=["policy-value", "actor-critic"],
@@ -132,6 +135,13 @@ def main(argv=None):
         model=model, args=training_args, processing_class=processor, train_dataset=dataset["train"],
         eval_dataset=dataset.get("validation"), reward_funcs=rewards,
     )  # fmt: skip
+    if training_args.max_steps <= 0 and not script_args.pretraining_only:
+        # epochs count policy updates, as in train_scst.py: the value pretraining's steps come on top of them
+        epochs_steps = trainer.planned_steps()
+        training_args.max_steps = epochs_steps + training_args.value_pretraining_steps
+        budget = f"{training_args.num_train_epochs:g} epoch(s) of policy updates ({epochs_steps} steps)"
+    else:
+        budget = f"{training_args.max_steps} optimizer steps, value pretraining included"
     check_the_captioner_gets_steps(trainer, script_args)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
@@ -149,7 +159,7 @@ def main(argv=None):
 
     def card(scores, num_test_images):
         steps = phase_steps_description(trainer)
-        return _model_card(model, training_args, script_args, scores, num_test_images, optimizer_steps=steps)
+        return _model_card(model, training_args, script_args, scores, num_test_images, budget, optimizer_steps=steps)
 
     finish_recipe(trainer, processor, dataset, script_args, card, lookahead_and_value_scores)
 

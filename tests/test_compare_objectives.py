@@ -37,6 +37,29 @@ def test_every_arm_gets_the_same_policy_updates():
     assert arms["spider_pg, BCMR"]["reward_funcs"] == ["bleu", "cider", "meteor", "rouge_l"]
 
 
+def test_a_run_is_read_from_its_cache_folder_when_its_key_matches(tmp_path, monkeypatch):
+    compare_objectives = load_script()
+    args = argparse.Namespace(
+        output_dir=str(tmp_path), data_seed=0, num_train=16, num_validation=4, num_test=8, image_size=48,
+        xe_model="checkpoints/show-tell-rl-shapes-xe", metrics=["cider"], eval_clip="shapes-clip-evaluator",
+        rl_learning_rate=5e-4, policy_steps=1, threads_per_job=1,
+        versions={"code": "git:0123abc", "torch": "2.0", "transformers": "4.0"},
+    )  # fmt: skip
+    monkeypatch.setattr(compare_objectives, "_train", lambda *args, **kwargs: pytest.fail("a cached run was trained"))
+    settings = compare_objectives._arms(argparse.Namespace(policy_steps=1, baseline_pretraining_steps=0, bcmr=False))
+    options = ["--seed", "3", "--settings", json.dumps({"learning_rate": 5e-4, **settings["SCST"]}, sort_keys=True)]
+    key = compare_objectives._key(args, "SCST", [*options, *compare_objectives._shared_options(args)])
+    run_dir = tmp_path / "SCST-seed3"
+    run_dir.mkdir()
+    (run_dir / "run_key.json").write_text(json.dumps(key))
+    (run_dir / "eval_results.json").write_text(json.dumps({"test": {"CIDEr": 2.5}}))
+    assert compare_objectives._run_arm(args, "SCST", settings["SCST"], 3) == {"CIDEr": 2.5}
+    # another learning rate is another run: its folder is refused, not read
+    args.rl_learning_rate = 2e-4
+    with pytest.raises(RuntimeError, match="made by another run.*--settings"):
+        compare_objectives._run_arm(args, "SCST", settings["SCST"], 3)
+
+
 @pytest.mark.slow
 def test_a_tiny_comparison_prints_and_saves_its_table(tmp_path):
     env = {
@@ -46,20 +69,24 @@ def test_a_tiny_comparison_prints_and_saves_its_table(tmp_path):
     output = tmp_path / "compare.json"
     card = tmp_path / "README.md"
     card.write_text("---\nlicense: mit\n---\n# A captioner\n\n## Evaluation\n\nScores.\n\n## Citation\n\nA paper.\n")
-    result = subprocess.run(
-        [
-            sys.executable, str(SCRIPT), "--xe-model", str(REPOSITORY / "checkpoints" / "show-tell-rl-shapes-xe"),
-            "--num-train", "16", "--num-validation", "4", "--num-test", "8", "--seeds", "0", "1",
-            "--policy-steps", "1", "--baseline-pretraining-steps", "1", "--metrics", "cider", "bleu",
-            "--output", str(output), "--plot", str(tmp_path / "plot.png"), "--card", str(card),
-        ],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    command = [
+        sys.executable, str(SCRIPT), "--xe-model", str(REPOSITORY / "checkpoints" / "show-tell-rl-shapes-xe"),
+        "--num-train", "16", "--num-validation", "4", "--num-test", "8", "--seeds", "0", "1",
+        "--policy-steps", "1", "--baseline-pretraining-steps", "1", "--metrics", "cider", "bleu",
+        "--output-dir", str(tmp_path / "runs"), "--output", str(output), "--plot", str(tmp_path / "plot.png"),
+        "--card", str(card),
+    ]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ")]
     assert rows == ["model", "XE", "SCST", "spider_pg", "spider_pg, no pretraining"]
     report = json.loads(output.read_text())
     assert len(report["runs"]["SCST"]) == 2
+    # the report names the code and libraries that made it, as each run's cache key does
+    run_key = json.loads((tmp_path / "runs" / "SCST-seed1" / "run_key.json").read_text())
+    assert report["code"] == run_key["code"] and report["code"].startswith(("git:", "rlcaption "))
+    assert (report["torch"], report["transformers"]) == (run_key["torch"], run_key["transformers"])
+    assert run_key["recipe"] == "compare_objectives.py: SCST" and run_key["options"][:2] == ["--seed", "1"]
     assert set(report["summary"]["SCST"]) >= {
         "CIDEr",
         "Bleu_4",

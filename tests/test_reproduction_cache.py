@@ -1,12 +1,19 @@
-"""benchmarks/reproduction.py reuses a run's results only when the same recipe, options and code made them."""
+"""benchmarks/reproduction.py reuses a run's results only when the same recipe, options, code and libraries made
+them."""
 
+import importlib.metadata
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 OPTIONS = ["--seed", "0", "--psst_lambda", "0.05", "--modes", "st", "psst"]
+LIBRARIES = {
+    "torch": importlib.metadata.version("torch"),
+    "transformers": importlib.metadata.version("transformers"),
+}
 
 
 @pytest.fixture
@@ -32,7 +39,7 @@ def fake_run(run_dir: Path, key: dict | None, scores: dict) -> Path:
 
 
 def test_a_run_made_by_the_same_recipe_options_and_code_is_read_not_trained(reproduction, tmp_path):
-    key = {"recipe": "train_psst.py", "options": OPTIONS, "code": "git:0123abc"}
+    key = {"recipe": "train_psst.py", "options": OPTIONS, "code": "git:0123abc", **LIBRARIES}
     run_dir = fake_run(tmp_path / "run", key, {"CIDEr": 2.5})
     assert reproduction.run_recipe_once("train_psst.py", run_dir, OPTIONS) == {"test": {"CIDEr": 2.5}}
 
@@ -48,10 +55,12 @@ def test_a_run_made_by_the_same_recipe_options_and_code_is_read_not_trained(repr
         ({"options": ["--psst_lambda", "0.05", "--modes", "st", "psst"]}, "option --seed: (absent) → 0"),
         ({"code": "git:fedcba9"}, "code: 'git:fedcba9' → 'git:0123abc'"),
         ({"recipe": "train_scst.py"}, "recipe: 'train_scst.py' → 'train_psst.py'"),
+        ({"torch": "1.0.0"}, f"torch: '1.0.0' → '{LIBRARIES['torch']}'"),
+        ({"transformers": None}, f"transformers: None → '{LIBRARIES['transformers']}'"),  # a key from before
     ],
 )
 def test_a_run_made_otherwise_is_refused_with_the_fields_that_differ(reproduction, tmp_path, cached, named):
-    key = {"recipe": "train_psst.py", "options": OPTIONS, "code": "git:0123abc", **cached}
+    key = {"recipe": "train_psst.py", "options": OPTIONS, "code": "git:0123abc", **LIBRARIES, **cached}
     run_dir = fake_run(tmp_path / "run", key, {"CIDEr": 2.5})
     with pytest.raises(RuntimeError, match="made by another run") as refused:
         reproduction.run_recipe_once("train_psst.py", run_dir, OPTIONS)
@@ -73,13 +82,45 @@ def test_a_new_run_records_its_key_before_it_starts(reproduction, tmp_path, monk
     monkeypatch.setattr(reproduction.subprocess, "run", recipe)
     assert reproduction.run_recipe_once("train_psst.py", tmp_path / "run", OPTIONS) == {"test": {"CIDEr": 1.0}}
     key = json.loads((tmp_path / "run" / "run_key.json").read_text())
-    assert key == {"recipe": "train_psst.py", "options": OPTIONS, "code": "git:0123abc"}
+    assert key == {"recipe": "train_psst.py", "options": OPTIONS, "code": "git:0123abc", **LIBRARIES}
 
 
-@pytest.mark.skipif(not (BENCHMARKS.parent / ".git").exists(), reason="not a git checkout")
-def test_the_code_version_is_the_commit_in_a_git_checkout(monkeypatch):
+def test_a_result_made_in_the_process_is_cached_with_its_key(reproduction, tmp_path):
+    key = reproduction.run_key("compare_objectives.py: SCST", ["--seed", "1"])
+    made = []
+    first = reproduction.run_once(tmp_path / "run", key, lambda: made.append(1) or {"test": {"CIDEr": 2.0}})
+    again = reproduction.run_once(tmp_path / "run", key, lambda: made.append(1) or {"test": {"CIDEr": 0.0}})
+    assert first == again == {"test": {"CIDEr": 2.0}} and made == [1]
+    with pytest.raises(RuntimeError, match="option --seed: 1 → 2"):
+        reproduction.run_once(
+            tmp_path / "run", reproduction.run_key("compare_objectives.py: SCST", ["--seed", "2"]), dict
+        )
+
+
+def _git(repository: Path, *arguments: str) -> str:
+    return subprocess.run(["git", *arguments], cwd=repository, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_code_version_names_the_commit_and_hashes_the_uncommitted_changes(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import reproduction
 
-    version = reproduction.code_version()
-    assert version.startswith("git:") and len(version.removeprefix("git:").removesuffix("+dirty")) == 40
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    _git(repository, "init", "-q")
+    (repository / "train.py").write_text("learning_rate = 1e-4\n")
+    _git(repository, "add", "train.py")
+    _git(repository, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", "first")
+    commit = _git(repository, "rev-parse", "HEAD").strip()
+    monkeypatch.setattr(reproduction, "REPOSITORY", repository)
+    assert reproduction.code_version() == f"git:{commit}"
+
+    (repository / "train.py").write_text("learning_rate = 2e-4\n")
+    one_change = reproduction.code_version()
+    (repository / "train.py").write_text("learning_rate = 3e-4\n")
+    other_change = reproduction.code_version()
+    # two uncommitted states of the same commit are two versions, each stable while the tree stays as it is
+    assert one_change.startswith(f"git:{commit}+diff:") and other_change.startswith(f"git:{commit}+diff:")
+    assert one_change != other_change and other_change == reproduction.code_version()
+    (repository / "notes.txt").write_text("untracked files are not code the runs import\n")
+    assert reproduction.code_version() == other_change

@@ -1,5 +1,6 @@
 """The reproductions choose their settings on the validation split: hand-made scores show which run each rule keeps."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,13 @@ def test_the_psst_reproduction_reads_the_comparison_on_test_at_the_validation_ch
     # the chosen runs' test scores: CIDEr-D 2.49, R@10 0.85
     assert "| st (λ × 1e3 of each seed: 0, 0) | 2 |" in printed
     assert "0.850 ± 0.000" in printed and "2.490 ± 0.000" in printed
+    # judged by the one rule: feedback against the control λ for each way, and the paper's ordering where both ran
+    assert [(verdict["first"], verdict["second"]) for verdict in results["verdicts"]] == [
+        ("st (chosen λ)", "st (control λ)"),
+        ("reinforce (chosen λ)", "reinforce (control λ)"),
+        ("st (chosen λ)", "reinforce (chosen λ)"),
+    ]
+    assert {verdict["verdict"] for verdict in results["verdicts"]} == {"not separated at 2 seeds"}
     assert (tmp_path / "plot.png").is_file()
 
 
@@ -186,3 +194,46 @@ def test_the_wtf_reproduction_keeps_the_largest_rate_without_collapse_on_validat
     test_table = printed.split("Shapes test split")[1]
     assert "| wtf, image_text | 2 |" in test_table and "lr 0.0001" not in test_table
     assert "0.300 ± 0.000" in test_table  # CIDEr-D of the 3e-5 runs' test scores
+    # of the paper's claims, only WTF against TF has both arms here
+    assert [(verdict["first"], verdict["second"]) for verdict in results["verdicts"]] == [("wtf", "tf")]
+
+
+def test_the_sle_reproduction_judges_the_papers_claims_by_the_one_rule(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import sle_reproduction
+    import verdicts
+
+    def scores(method_div2, seed):
+        keys = [key for key, _ in sle_reproduction.COLUMNS]
+        test = {**dict.fromkeys(keys, 0.5), "sample5_Div-2": method_div2 - seed / 100}
+        return {"validation": dict.fromkeys(keys, 0.5), "test": test}
+
+    def fake_recipe(recipe, run_dir, options):
+        values = dict(zip(options[::2], options[1::2], strict=False))
+        seed = int(values["--seed"])
+        # SLE's samples more diverse than SLL's by 0.1, 0.09, 0.08 in seeds 0, 1, 2
+        return scores(0.3 if values["--objective"] == "sle" else 0.2 + seed / 100, seed)
+
+    monkeypatch.setattr(sle_reproduction, "run_recipe_once", fake_recipe)
+    monkeypatch.setattr(sle_reproduction, "_score_warm_start", lambda run_dir, seed: scores(0.6, seed))
+    monkeypatch.setattr(
+        "sys.argv",
+        ["sle_reproduction.py", "--output-dir", str(tmp_path), "--seeds", "0", "1", "2", "--alpha-seeds", "0",
+         "--alphas", "--plot", str(tmp_path / "plot.png")],
+    )  # fmt: skip
+    tmp_path.mkdir(exist_ok=True)
+    sle_reproduction.main()
+    printed = capsys.readouterr().out
+    judged = json.loads((tmp_path / "results.json").read_text())["verdicts"]
+    assert [verdict["metric"] for verdict in judged] == [headline.metric for headline in sle_reproduction.HEADLINES]
+    sle = [0.3 - seed / 100 for seed in range(3)]
+    sll = [0.2 + seed / 100 - seed / 100 for seed in range(3)]
+    expected = verdicts.compare_arms(sle, sll, confidence=1 - 0.05 / len(sle_reproduction.HEADLINES))
+    div2 = judged[0]
+    assert (div2["difference"], div2["low"], div2["high"]) == pytest.approx(
+        (expected.difference, expected.low, expected.high)
+    )
+    assert (div2["test"], div2["verdict"]) == ("paired", "reproduced")
+    # the other claims, level in every seed, are not separated
+    assert {verdict["verdict"] for verdict in judged[1:]} == {"not separated at 3 seeds"}
+    assert "Div-2 of 5 samples: SLE − SLL = +0.090 [" in printed

@@ -94,3 +94,41 @@ def test_the_sentence_names_the_numbers_and_the_verdict(verdicts):
     assert sentence.startswith("CIDEr-D: SCST − PG = +0.070 [")
     assert sentence.endswith(": reproduced")
     assert "95.0% paired interval" in sentence
+
+
+def test_a_published_mean_and_deviation_is_judged_by_welch_as_scipy_does(verdicts):
+    comparison = verdicts.compare_summaries((2.441, 0.028, 3), (2.150, 0.033, 3), metric="CIDEr-D")
+    reference = stats.ttest_ind_from_stats(2.441, 0.028, 3, 2.150, 0.033, 3, equal_var=False)
+    assert comparison.p_value == pytest.approx(reference.pvalue)
+    # the same interval as from per-seed values with those means and deviations
+    first = [2.441 - 0.028, 2.441, 2.441 + 0.028]
+    second = [2.150 - 0.033, 2.150, 2.150 + 0.033]
+    from_values = verdicts.compare_arms(first, second, paired=False)
+    assert (comparison.low, comparison.high) == pytest.approx((from_values.low, from_values.high))
+    assert comparison.test == "Welch" and comparison.verdict == "reproduced"
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        verdicts.compare_summaries((1.0, 0.1, 1), (0.5, 0.1, 3))
+
+
+def test_headlines_are_judged_as_one_family_paired_where_the_seeds_are_shared(verdicts):
+    runs = {
+        "SLE": {0: {"Div-2": 0.26, "CIDEr": 2.39}, 1: {"Div-2": 0.27, "CIDEr": 2.40}, 2: {"Div-2": 0.25}},
+        "SLL": {0: {"Div-2": 0.22, "CIDEr": 2.41}, 1: {"Div-2": 0.23, "CIDEr": 2.42}, 2: {"Div-2": 0.21}},
+        "SLL, more seeds": {seed: {"Div-2": 0.20 + seed / 100} for seed in range(5)},
+        "one seed": {0: {"Div-2": 0.5}},
+    }
+    headlines = [
+        verdicts.Headline("Div-2", "SLE", "SLL", metric="Div-2 of the samples"),
+        verdicts.Headline("CIDEr", "SLE", "SLL", direction="lower"),
+        verdicts.Headline("Div-2", "SLE", "SLL, more seeds"),
+        verdicts.Headline("Div-2", "one seed", "SLL"),  # cannot be judged: left out of the family
+        verdicts.Headline("Div-2", "SLE", "an arm that did not run"),
+    ]
+    div2, cider, unpaired = verdicts.judge_headlines(runs, headlines)
+    family = 1 - 0.05 / 3
+    expected = verdicts.compare_arms([0.26, 0.27, 0.25], [0.22, 0.23, 0.21], confidence=family)
+    assert (div2.low, div2.high, div2.test) == pytest.approx((expected.low, expected.high, "paired"))
+    assert div2.metric == "Div-2 of the samples" and div2.confidence == pytest.approx(family)
+    # the seeds where both arms have the score are paired: seeds 0 and 1, every difference −0.02
+    assert (cider.difference, cider.num_seeds, cider.verdict) == pytest.approx((-0.02, 2, "reproduced"))
+    assert unpaired.test == "Welch" and unpaired.num_seeds == 3

@@ -22,6 +22,8 @@ setup(
         "safetensors",
         "huggingface_hub>=1.0",
         "tokenizers",
+        # LoRA adapters (`--use_peft`)
+        "peft>=0.13",
         "numpy",
         "pillow",
         "tqdm",
@@ -29,7 +31,19 @@ setup(
     extras_require={
         "java": ["pycocoevalcap==1.2"],
         "plots": ["matplotlib"],
-        "dev": ["pycocoevalcap==1.2", "pytest>=8", "pytest-xdist", "hypothesis", "ruff", "scipy", "matplotlib"],
+        # num2words: SmolVLM's processor needs it (tests/tiny_vlms.py builds one)
+        "dev": [
+            "pycocoevalcap==1.2",
+            "pytest>=8",
+            "pytest-xdist",
+            "hypothesis",
+            "ruff",
+            "scipy",
+            "matplotlib",
+            "num2words",
+            # tests/rewards/test_trl_rewards.py runs TRL's own reward functions
+            "trl>=0.20",
+        ],
     },
     entry_points={"console_scripts": ["rlcaption=rlcaption.cli:main"]},
     classifiers=[

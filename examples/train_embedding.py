@@ -25,11 +25,12 @@ folder of `rlcaption extract-features`, or a dataset of region features saved wi
         --image_encoder new --image_features features/coco-bottom-up
 
 Training (`rlcaption.rewards.embedding.train_embedding_model`) minimises the bidirectional hinge ranking loss of margin
-`--margin` with Adam for `--num_steps` steps of `--batch_size` training images. The test split is then scored by
-retrieval with all the ground-truth captions, caption → image and image → caption R@1/5/10, and the output folder gets
-the model (safetensors and config), its processor, a model card whose `model-index` holds those recalls, and
-`eval_results.json`. `--push_to_hub` publishes the folder to `--hub_model_id`; then reward captioners with
-`get_reward("embedding", model=<folder or Hub id>)` or `examples/train_actor_critic.py --embedding_model ...`.
+`--margin` with Adam for `--max_steps` steps of `--per_device_train_batch_size` training images (at most the train
+split). The test split is then scored by retrieval with all the ground-truth captions, caption → image and image →
+caption R@1/5/10, and the output folder gets the model (safetensors and config), its processor, a model card whose
+`model-index` holds those recalls, and `eval_results.json`. `--push_to_hub` publishes the folder to `--hub_model_id`;
+then reward captioners with `get_reward("embedding", model=<folder or Hub id>)` or `examples/train_actor_critic.py
+--embedding_model ...`.
 """
 
 import json
@@ -137,9 +138,15 @@ class ScriptArguments(RecipeArguments):
 @dataclass
 class EmbeddingTrainingArguments:
     output_dir: str = field(metadata={"help": "Where the model, its processor, card and eval_results.json go."})
-    num_steps: int = field(default=2500, metadata={"help": "Adam steps."})
-    batch_size: int = field(
-        default=128, metadata={"help": "Images (and one caption each) per step: the others are each one's negatives."}
+    # named as every other recipe (and the Trainer) names them; the older names stay accepted
+    max_steps: int = field(default=2500, metadata={"help": "Adam steps.", "aliases": ["--num_steps"]})
+    per_device_train_batch_size: int = field(
+        default=128,
+        metadata={
+            "help": "Images (and one caption each) per step: the others are each one's negatives. A train split of "
+            "fewer images trains on batches of all of them.",
+            "aliases": ["--batch_size"],
+        },
     )
     learning_rate: float = field(default=3e-4, metadata={"help": "Adam's learning rate."})
     margin: float = field(default=0.2, metadata={"help": "γ of the bidirectional hinge ranking loss."})
@@ -153,10 +160,11 @@ class EmbeddingTrainingArguments:
     hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: the logged-in one)."})
 
     def __post_init__(self):
-        if self.num_steps < 1 or self.batch_size < 2 or self.learning_rate <= 0 or self.margin <= 0:
+        if self.max_steps < 1 or self.per_device_train_batch_size < 2 or self.learning_rate <= 0 or self.margin <= 0:
             raise ValueError(
-                "--num_steps must be >= 1, --batch_size >= 2 (a caption needs negatives), --learning_rate > 0 and "
-                f"--margin > 0; got {self.num_steps}, {self.batch_size}, {self.learning_rate}, {self.margin}."
+                "--max_steps must be >= 1, --per_device_train_batch_size >= 2 (a caption needs negatives), "
+                f"--learning_rate > 0 and --margin > 0; got {self.max_steps}, {self.per_device_train_batch_size}, "
+                f"{self.learning_rate}, {self.margin}."
             )
         if self.logging_steps < 1 or self.eval_batch_size < 1:
             raise ValueError(
@@ -330,8 +338,8 @@ def model_card(
         processor_source=f"the captioner {captioner}'s",
         training_settings={
             "training images": results["num_train_images"],
-            "steps": training_args.num_steps,
-            "batch size": training_args.batch_size,
+            "steps": training_args.max_steps,
+            "batch size": training_args.per_device_train_batch_size,
             "learning rate": f"{training_args.learning_rate:g} (Adam, constant)",
             "margin γ": training_args.margin,
             "seed": training_args.seed,
@@ -411,12 +419,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
     def print_loss(step: int, loss: float) -> None:
         recent.append(loss)
         if step % training_args.logging_steps == 0:
-            print(f"step {step}/{training_args.num_steps}: loss {sum(recent) / len(recent):.4f}", flush=True)
+            print(f"step {step}/{training_args.max_steps}: loss {sum(recent) / len(recent):.4f}", flush=True)
             recent.clear()
 
+    if training_args.per_device_train_batch_size > dataset["train"].num_rows:
+        print(
+            f"--per_device_train_batch_size {training_args.per_device_train_batch_size} exceeds the "
+            f"{dataset['train'].num_rows} training images: every step takes all of them."
+        )
+        training_args.per_device_train_batch_size = dataset["train"].num_rows
     start = time.perf_counter()
     losses = train_embedding_model(
-        model, processor, dataset["train"], num_steps=training_args.num_steps, batch_size=training_args.batch_size,
+        model, processor, dataset["train"], num_steps=training_args.max_steps,
+        batch_size=training_args.per_device_train_batch_size,
         learning_rate=training_args.learning_rate, margin=training_args.margin, seed=training_args.seed,
         on_step=print_loss,
     )  # fmt: skip

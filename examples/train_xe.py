@@ -47,6 +47,7 @@ from rlcaption.recipes import (
     recipe_model_card,
     train_and_finish,
     vision_model_image_settings,
+    warn_if_most_words_are_unknown,
 )
 
 # The recipe's own defaults: the Trainer's 5e-5 is far too low for a captioner trained from scratch; the published
@@ -185,6 +186,7 @@ def main(argv=None):
         image_settings = vision_model_image_settings(script_args.vision_model)
         script_args.image_size = image_settings["image_size"]  # the model card states it
     processor = CaptionProcessor.from_captions(train_captions, min_count=script_args.min_word_count, **image_settings)
+    warn_if_most_words_are_unknown(processor, train_captions, script_args.min_word_count)
     image_encoder = new_image_encoder_fields(
         script_args.image_features, script_args.vision_model, script_args.train_vision_model, script_args.cnn_channels
     )

@@ -336,3 +336,39 @@ def test_dataloader_workers_leave_each_training_process_a_core(monkeypatch, core
     monkeypatch.setattr(recipes.os, "cpu_count", lambda: cores)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
     assert dataloader_workers_for_images() == workers
+
+
+@pytest.mark.parametrize(
+    ("recipe", "arguments", "message"),
+    [
+        (
+            "train_scst",
+            ["--objective", "wtf"],
+            r"--objective wtf belongs to another recipe: use examples/train_wtf\.py",
+        ),
+        ("train_xe", ["--objective", "sle"], r"use examples/train_sle\.py"),
+        (
+            "train_scst",
+            ["--sle_alpha", "0.75"],
+            r"--sle_alpha is an option of --objective sle: use examples/train_sle",
+        ),
+        ("train_xe", ["--wtf_alpha=0.9"], r"--wtf_alpha is an option of --objective wtf: use examples/train_wtf\.py"),
+        ("train_scst", ["--no_such_option", "1"], r"--no_such_option is not an option of this recipe"),
+        ("train_xe", ["--reward_funcs", "cider"], r"--reward_funcs: teacher forcing .* would ignore them"),
+        ("train_xe", ["--num_samples_per_image", "5", "--top_k", "3"], r"--num_samples_per_image, --top_k: teacher"),
+    ],
+)
+def test_a_recipe_names_the_recipe_of_another_methods_options(tmp_path, recipe, arguments, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe(recipe).main(["--output_dir", str(tmp_path), *arguments])
+
+
+def test_the_wtf_recipe_finds_its_default_clips_from_any_folder(tmp_path, monkeypatch):
+    recipe = load_recipe("train_wtf")
+    monkeypatch.chdir(tmp_path)  # no checkpoints/ here
+    found = recipe.default_clip_from_any_folder("reward_clip", "checkpoints/shapes-clip-reward")
+    assert found == str(EXAMPLES.parent / "checkpoints" / "shapes-clip-reward")
+    assert recipe.default_clip_from_any_folder("eval_clip", "org/clip") == "org/clip"  # a given one is kept
+    monkeypatch.setattr(recipe, "REPOSITORY", tmp_path / "elsewhere")
+    with pytest.raises(FileNotFoundError, match="--eval_clip defaults to the project's checkpoints/shapes-clip-eval"):
+        recipe.default_clip_from_any_folder("eval_clip", "checkpoints/shapes-clip-evaluator")

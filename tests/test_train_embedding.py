@@ -202,3 +202,23 @@ def test_training_on_region_features_of_varying_count(recipe, shapes_cache, tmp_
     assert model.config.encoder_type == "features" and model.config.image_feature_layout == "grid"
     assert model.config.image_feature_size == 6
     assert results["num_train_images"] == 40 and results["test"]["num_captions"] > 8
+
+
+def test_the_shared_options_and_a_batch_larger_than_the_train_split(recipe, tmp_path, capsys):
+    """`--max_steps` and `--per_device_train_batch_size`, as every recipe names them; the default batch (128) exceeds a
+    small train split, whose images then all make each step."""
+    shapes = load_shapes(num_train=12, num_validation=1, num_test=4, image_size=48)
+    features = datasets.DatasetDict(
+        {name: split.remove_columns("image").add_column("image_features", [[row / 9] * 6 for row in range(len(split))])
+         for name, split in shapes.items()}
+    )  # fmt: skip
+    features.save_to_disk(tmp_path / "features")
+    arguments = [
+        "--output_dir", str(tmp_path / "embedding"), "--captioner_name_or_path", str(XE_CAPTIONER), "--image_encoder",
+        "new", "--image_features", str(tmp_path / "features"), "--hidden_size", "8", "--word_embedding_size", "8",
+        "--joint_embedding_size", "8", "--max_steps", "2", "--logging_steps", "1",
+    ]  # fmt: skip
+    results = recipe.main(arguments)
+    printed = capsys.readouterr().out
+    assert "--per_device_train_batch_size 128 exceeds the 12 training images" in printed
+    assert "step 2/2" in printed and results["num_train_images"] == 12

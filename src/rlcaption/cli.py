@@ -96,7 +96,8 @@ def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
         "--dataset",
         default="shapes",
         help="`shapes` (as every recipe, benchmark and published card has it: 48-pixel images, 500 test images), a "
-        "folder written by `save_to_disk`, or a folder of images with captions in `metadata.jsonl` files "
+        "folder written by `save_to_disk`, an `rlcaption extract-features` output folder (as the recipes' "
+        "--image_features names it), or a folder of images with captions in `metadata.jsonl` files "
         "(`rlcaption.data.load_caption_imagefolder`).",
     )
     parser.add_argument("--split", default="test", help="Dataset split to caption.")
@@ -122,12 +123,41 @@ def _configure_evaluate_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--set-size", type=int, default=5, help="Captions per image of each caption set.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the sampled caption sets.")
+    parser.add_argument(
+        "--save-captions",
+        default=None,
+        metavar="FILE",
+        help="Also write what was scored to FILE as JSON: per image its id, the model's caption and the references.",
+    )
     _add_lookahead_argument(parser, note=" The caption sets are decoded without it.")
 
 
+# Above this share of empty captions an evaluation is most likely of a vocabulary that maps most words to <unk>
+# (decoded as "") or of a model that ends every caption at once: the scores are then near 0 and say nothing.
+_MOSTLY_EMPTY = 0.5
+
+
+def _warn_if_captions_are_mostly_empty(predictions: dict) -> None:
+    empty = sum(not caption.strip() for caption in predictions.values())
+    if predictions and empty / len(predictions) > _MOSTLY_EMPTY:
+        print(
+            f"rlcaption evaluate: warning: {empty} of the {len(predictions)} captions are empty, so the scores are "
+            "near 0. A vocabulary that leaves most words <unk> (a --min_word_count too high for a small dataset) or "
+            "a model trained too briefly does this; --save-captions FILE shows what was scored.",
+            file=sys.stderr,
+        )
+
+
 def _run_evaluate(args: argparse.Namespace) -> None:
-    from .evaluation import caption_set_prefix, caption_set_scores, caption_sets, evaluate_model
-    from .inference import load_captioner
+    from .evaluation import (
+        caption_dataset,
+        caption_set_prefix,
+        caption_set_scores,
+        caption_sets,
+        scene_grounding_scores,
+    )
+    from .inference import check_features_match_model, load_captioner
+    from .metrics import evaluate_captions
     from .recipes import RecipeArguments, load_recipe_dataset
 
     model, processor = load_captioner(args.model, argument_name="--model")
@@ -136,25 +166,31 @@ def _run_evaluate(args: argparse.Namespace) -> None:
     dataset = load_recipe_dataset(RecipeArguments(dataset=args.dataset))
     if args.split not in dataset:
         raise SystemExit(f"Split {args.split!r} not in the dataset; it has {sorted(dataset)}.")
-    scores = evaluate_model(
-        model,
-        processor,
-        dataset[args.split],
-        metrics=args.metrics,
-        batch_size=args.batch_size,
-        num_beams=args.num_beams,
-        max_length=args.max_length,
+    check_features_match_model(model, dataset, args.dataset if args.dataset != "shapes" else None)
+    split = dataset[args.split]
+    # `evaluate_model`'s steps, kept apart so that the scored captions can be checked and saved
+    predictions, references = caption_dataset(
+        model, processor, split, batch_size=args.batch_size, num_beams=args.num_beams, max_length=args.max_length,
         **lookahead,
-    )
+    )  # fmt: skip
+    _warn_if_captions_are_mostly_empty(predictions)
+    scores = {**evaluate_captions(predictions, references, metrics=args.metrics)}
+    scores.update(scene_grounding_scores(predictions, split))
+    if args.save_captions is not None:
+        scored = [
+            {"image_id": key, "caption": caption, "references": references[key]}
+            for key, caption in predictions.items()
+        ]
+        with open(args.save_captions, "w", encoding="utf-8") as file:
+            json.dump(scored, file, indent=2, default=str)
     for decoding in args.caption_sets:
-        sets, references = caption_sets(
-            model, processor, dataset[args.split], decoding, set_size=args.set_size,
+        sets, set_references = caption_sets(
+            model, processor, split, decoding, set_size=args.set_size,
             max_new_tokens=args.max_length - 1, batch_size=args.batch_size, seed=args.seed,
         )  # fmt: skip
         prefix = caption_set_prefix(decoding, args.set_size)
-        scores.update(
-            {prefix + name: value for name, value in caption_set_scores(sets, references, dataset[args.split]).items()}
-        )
+        set_scores = caption_set_scores(sets, set_references, split)
+        scores.update({prefix + name: value for name, value in set_scores.items()})
     print(json.dumps(scores, indent=2))
 
 

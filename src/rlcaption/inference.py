@@ -7,16 +7,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from . import models as _models  # noqa: F401  (registers our Auto classes)
+from .data.features import ImageFeatureExtractor, describe_feature_extractor, read_feature_extractor
 from .data.images import check_image_files, open_image
 from .generation.decoding import generate_captions
 from .hub import check_pretrained_reference
 
-__all__ = ["caption_image_files", "list_image_files", "load_captioner"]
+__all__ = [
+    "caption_image_files",
+    "check_features_match_model",
+    "features_captioner_config",
+    "list_image_files",
+    "load_captioner",
+    "load_image_feature_extractor",
+]
 
 
 def load_captioner(
@@ -70,12 +79,78 @@ def list_image_files(paths: Sequence[str | os.PathLike]) -> list[str]:
     return files
 
 
+def features_captioner_config(model):
+    """The config of the captioner in `model` that reads precomputed features (its own, its policy's or its
+    speaker's), or `None` when it reads images."""
+    for config in (model.config, *(getattr(model.config, name, None) for name in ("policy_config", "speaker_config"))):
+        if getattr(config, "encoder_type", None) == "features":
+            return config
+    return None
+
+
+def load_image_feature_extractor(model, device: str | torch.device | None = None) -> ImageFeatureExtractor | None:
+    """
+    The backbone that made the features `model` was trained on, as its config records it (`image_feature_extractor`,
+    written by the recipes from the `rlcaption extract-features` manifest), loaded on `device` (the model's by
+    default); `None` for a model that reads images.
+
+    Raises:
+        `ValueError`: the model reads features with no recorded extractor (region features, which need an object
+            detector, or a checkpoint of an older version); the message says how to pass features instead.
+    """
+    config = features_captioner_config(model)
+    if config is None:
+        return None
+    record = getattr(config, "image_feature_extractor", None)
+    if record is None:
+        raise ValueError(
+            f"This captioner reads precomputed features of width {config.image_feature_size} "
+            f"({config.image_feature_layout}) and its config records no extractor (image_feature_extractor): region "
+            "features (bottom-up attention) need an object detector, which rlcaption does not run, and checkpoints "
+            "of older versions did not record the backbone. Extract the features of your photos as the training "
+            "features were, then score them with `rlcaption evaluate --model <model> --dataset <features folder>`, "
+            "or pass them to `model.generate(image_features=..., image_feature_mask=...)`."
+        )
+    return ImageFeatureExtractor(record, device=device or next(model.parameters()).device)
+
+
+def check_features_match_model(model, dataset, features_folder: str | None) -> None:
+    """
+    Refuses features other than those `model` was trained on: another width, or another backbone or pooling than the
+    extractor its config records (`image_feature_extractor`) and the manifest of `features_folder` names. Configs and
+    folders without a record (region features, checkpoints of older versions) are compared by width alone.
+
+    Raises:
+        `ValueError`: naming both the features given and the ones the model was trained on.
+    """
+    config = features_captioner_config(model)
+    split = dataset["train"] if "train" in dataset else next(iter(dataset.values()))
+    if config is None or "image_features" not in split.column_names:
+        return
+    trained_on = getattr(config, "image_feature_extractor", None)
+    given = read_feature_extractor(features_folder) if features_folder is not None else None
+    width = np.asarray(split[0]["image_features"]).shape[-1]
+    differs = width != config.image_feature_size
+    if trained_on is not None and given is not None:
+        differs = differs or any(trained_on.get(key) != given.get(key) for key in ("model", "pooling"))
+    if differs:
+        raise ValueError(
+            f"The captioner was trained on {describe_feature_extractor(trained_on)}, of width "
+            f"{config.image_feature_size}; {features_folder or 'the dataset'} holds "
+            f"{describe_feature_extractor(given)}, of width {width}. Pass the features it was trained on, or "
+            f"extract them again: rlcaption extract-features --model {(trained_on or {}).get('model', '<backbone>')}"
+            f" --pooling {(trained_on or {}).get('pooling', 'auto')}."
+        )
+
+
 @torch.no_grad()
 def caption_image_files(
     model, processor, paths: Sequence[str], batch_size: int = 16, **generation_kwargs: Any
 ) -> list[str]:
     """
-    Captions image files (any mode Pillow reads; converted to RGB as documented in [`rlcaption.data.images`]).
+    Captions image files (any mode Pillow reads; converted to RGB as documented in [`rlcaption.data.images`]). A model
+    trained on precomputed features captions them through the backbone that extracted its features
+    ([`load_image_feature_extractor`]), as `rlcaption extract-features` ran it.
 
     Args:
         generation_kwargs: decoding settings for `generate`, e.g. `num_beams=3, max_length=21`.
@@ -84,9 +159,13 @@ def caption_image_files(
         One caption per path, in order.
     """
     device = next(model.parameters()).device
+    extractor = load_image_feature_extractor(model, device)
     captions: list[str] = []
     for start in range(0, len(paths), batch_size):
         images = [open_image(path) for path in paths[start : start + batch_size]]
-        pixel_values = processor(images=images, return_tensors="pt")["pixel_values"].to(device)
-        captions.extend(generate_captions(model, processor, {"pixel_values": pixel_values}, **generation_kwargs).texts)
+        if extractor is not None:
+            inputs = {"image_features": extractor(images).to(device)}  # (B, D) or (B, N, D)
+        else:
+            inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].to(device)}
+        captions.extend(generate_captions(model, processor, inputs, **generation_kwargs).texts)
     return captions

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +26,13 @@ from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoPr
 
 from . import auto as _auto  # noqa: F401  (registers our Auto classes, so AutoProcessor finds ours)
 from .data import check_dataset_images, load_caption_dataset
+from .data.features import read_feature_extractor
+from .data.loading import saved_dataset_folder
 from .hub import check_pretrained_reference, publish_folder, render_model_card
+from .inference import check_features_match_model
+from .metrics.tokenization import normalize_caption
 from .models import ShowTellRL, ShowTellRLConfig
-from .objectives import available_objectives
+from .objectives import available_objectives, get_objective_class
 from .processing import CaptionProcessor
 from .rewards import reward_reads_images
 from .shapes.scene_pretraining import pretrain_image_encoder_on_scenes
@@ -35,7 +40,9 @@ from .trainer import RLCaptionConfig, RLCaptionTrainer
 from .trainer.rl_trainer import last_complete_checkpoint
 
 __all__ = [
+    "RECIPE_OF_OBJECTIVE",
     "RecipeArguments",
+    "check_features_match_model",
     "check_pretrained_reference",
     "check_pretraining_leaves_steps",
     "check_the_captioner_gets_steps",
@@ -57,9 +64,20 @@ __all__ = [
     "run_reads_images",
     "train_and_finish",
     "vision_model_image_settings",
+    "warn_if_most_words_are_unknown",
 ]
 
 _TRUE_WORDS = ("true", "yes", "1", "last", "auto")
+# The recipe of `examples/` that trains each objective.
+RECIPE_OF_OBJECTIVE = {
+    "xe": "train_xe.py",
+    "scst": "train_scst.py",
+    "spider_pg": "train_spider.py",
+    "sle": "train_sle.py",
+    "wtf": "train_wtf.py",
+    "psst": "train_psst.py",
+    "actor_critic": "train_actor_critic.py",
+}
 # Worker processes per training process that decode and process images, at most. One core prepares about 20 batches
 # of 16 224-px JPEGs a second (`benchmarks/bench_dataloader_workers.py`); COCO's 640x480 files cost a few times more
 # each, so 4 workers keep a batch ready every few tens of milliseconds, a GPU step's time, and the 8 GPUs of a node
@@ -161,7 +179,12 @@ def parse_recipe_arguments(
         parser.set_defaults(**defaults)
     if "dataloader_num_workers" not in (defaults or {}):
         _decode_image_files_in_workers(parser, argv)
-    script_args, training_args = parser.parse_args_into_dataclasses(args=_normalise_resume_flag(argv))
+    script_args, training_args, unused = parser.parse_args_into_dataclasses(
+        args=_normalise_resume_flag(argv), return_remaining_strings=True
+    )
+    if unused:
+        raise ValueError(_unused_options_message(unused, training_args.objective))
+    _refuse_options_the_objective_ignores(argv, training_args.objective)
     if not getattr(script_args, "pretraining_only", False):
         check_pretraining_leaves_steps(training_args)
     training_args.resume_from_checkpoint = resolve_resume_from_checkpoint(
@@ -184,10 +207,52 @@ def _config_class_of_objective(
     if objective not in by_objective and objective in available_objectives():
         raise ValueError(
             f"This recipe trains --objective {' or '.join(by_objective)}; --objective {objective} belongs to another "
-            "recipe."
+            f"recipe: use examples/{RECIPE_OF_OBJECTIVE[objective]}."
         )
     # an unknown objective is refused by the config's validation, which lists the valid ones
     return by_objective.get(objective, config_classes[0])
+
+
+def _unused_options_message(unused: Sequence[str], objective: str) -> str:
+    """Why the options `unused` were refused, naming for each one of another method the recipe that takes it."""
+    options = [word.split("=")[0] for word in unused if word.startswith("--")] or list(unused)
+    reasons = []
+    for option in options:
+        name = option.lstrip("-").replace("-", "_")
+        owners = [
+            other for other in available_objectives()
+            if name in get_objective_class(other).config_class.__dataclass_fields__
+            and name not in RLCaptionConfig.__dataclass_fields__
+        ]  # fmt: skip
+        if owners:
+            recipes = " or ".join(f"examples/{RECIPE_OF_OBJECTIVE[other]}" for other in sorted(owners))
+            reasons.append(f"{option} is an option of --objective {' / '.join(sorted(owners))}: use {recipes}")
+        else:
+            reasons.append(f"{option} is not an option of this recipe")
+    return f"Options not used by this recipe (--objective {objective}): " + "; ".join(reasons) + ". `--help` lists "
+    "the recipe's options."
+
+
+# The options of RLCaptionConfig that only the RL objectives read (sampled captions and their rewards): teacher
+# forcing would accept and ignore them.
+_RL_ONLY_OPTIONS = (
+    "reward_funcs", "reward_weights", "document_frequencies", "reward_processes", "num_samples_per_image",
+    "temperature", "top_k", "top_p",
+)  # fmt: skip
+
+
+def _refuse_options_the_objective_ignores(argv: Sequence[str], objective: str) -> None:
+    """Refuses an RL option given to teacher forcing (`train_xe.py --reward_funcs cider`), which would ignore it."""
+    if objective != "xe":
+        return
+    given = {word[2:].split("=")[0].replace("-", "_") for word in argv if word.startswith("--")}
+    ignored = [f"--{name}" for name in _RL_ONLY_OPTIONS if name in given]
+    if ignored:
+        raise ValueError(
+            f"{', '.join(ignored)}: teacher forcing (--objective xe) samples no captions and computes no reward, so "
+            "it would ignore them. Drop them, or train with rewards from the XE model: examples/train_scst.py "
+            "--model_name_or_path <xe output folder>."
+        )
 
 
 def dataloader_workers_for_images() -> int:
@@ -344,14 +409,14 @@ def load_recipe_dataset(script_args: RecipeArguments):
 
 def load_features_dataset(folder: str) -> datasets.DatasetDict:
     """The dataset with an `image_features` column in `folder`, or in its `dataset/` (where `rlcaption
-    extract-features` writes it)."""
-    extracted = os.path.join(folder, "dataset")
+    extract-features` writes it; [`rlcaption.data.loading.saved_dataset_folder`], as `rlcaption evaluate --dataset`
+    reads it)."""
     if not os.path.isdir(folder):
         raise FileNotFoundError(
             f"--image_features {folder}: no such folder. Name an `rlcaption extract-features` output folder or a "
             "dataset saved with save_to_disk."
         )
-    dataset = datasets.load_from_disk(extracted if os.path.isdir(extracted) else folder)
+    dataset = datasets.load_from_disk(saved_dataset_folder(folder))
     if "train" not in dataset or "image_features" not in dataset["train"].column_names:
         raise ValueError(
             f"--image_features {folder}: expected a dataset with a `train` split and an `image_features` column, got "
@@ -453,6 +518,31 @@ def vision_model_image_settings(vision_model: str) -> dict[str, Any]:
     }
 
 
+# Above this share of reference words mapped to <unk>, captions decode mostly to "" and every metric is near 0.
+_MOSTLY_UNKNOWN = 0.5
+
+
+def warn_if_most_words_are_unknown(processor: CaptionProcessor, captions: Sequence[str], min_word_count: int) -> float:
+    """
+    Warns when the vocabulary of `processor` leaves most words of the training `captions` `<unk>` (a `min_word_count`
+    too high for a small dataset): the captioner would learn to say little but `<unk>`, which decodes to "".
+
+    Returns:
+        The share of the captions' words that are `<unk>`.
+    """
+    vocabulary = processor.tokenizer.get_vocab()
+    words = [word for caption in captions for word in normalize_caption(caption).split()]
+    unknown = sum(word not in vocabulary for word in words) / max(len(words), 1)
+    if unknown > _MOSTLY_UNKNOWN:
+        warnings.warn(
+            f"The vocabulary (words of at least {min_word_count} training captions, {len(vocabulary)} tokens) leaves "
+            f"{unknown:.0%} of the training captions' words <unk>, which decodes to an empty caption: every score "
+            "would be near 0. Lower --min_word_count (1 keeps every word).",
+            stacklevel=2,
+        )
+    return unknown
+
+
 def new_image_encoder_fields(
     image_features: str | None = None,
     vision_model: str | None = None,
@@ -462,12 +552,17 @@ def new_image_encoder_fields(
     """
     The config fields of a new image encoder, as a captioner's or an embedding's config names them: precomputed
     features of the dataset in `image_features` (their width, and `grid` for grids and regions, read from its first
-    row), the pretrained vision model `vision_model` (fixed unless `train_vision_model`), or a CNN of `cnn_channels`.
+    row, and the extractor its manifest records, [`rlcaption.data.features.read_feature_extractor`]), the pretrained
+    vision model `vision_model` (fixed unless `train_vision_model`), or a CNN of `cnn_channels`.
     """
     if image_features is not None:
         first_row = np.asarray(load_features_dataset(image_features)["train"][0]["image_features"])
         layout = "pooled" if first_row.ndim == 1 else "grid"
-        return {"encoder_type": "features", "image_feature_size": first_row.shape[-1], "image_feature_layout": layout}
+        fields = {"encoder_type": "features", "image_feature_size": first_row.shape[-1]}
+        fields["image_feature_layout"] = layout
+        extractor = read_feature_extractor(image_features)
+        # the backbone that made the features, so that the captioner can caption photos (region features have none)
+        return fields if extractor is None else {**fields, "image_feature_extractor": extractor}
     if vision_model is not None:
         check_pretrained_reference(vision_model, option="--vision_model")
         return {"encoder_type": "backbone", "backbone": vision_model, "freeze_backbone": not train_vision_model}
@@ -561,7 +656,7 @@ def recipe_model_card(
     )
     beams = training_args.eval_num_beams
     decoding = "Greedy decoding" if beams == 1 else f"Beam search ({beams} beams)"
-    return render_model_card(
+    card = render_model_card(
         model,
         repo_id=repo_id,
         scores=scores,
@@ -594,6 +689,24 @@ def recipe_model_card(
         ),
         objective=training_args.objective,
         tags=tags,
+    )
+    if training_args.use_peft:
+        _describe_lora_adapter(card, repo_id, script_args.model_name_or_path)
+    return card
+
+
+def _describe_lora_adapter(card, repo_id: str, base_model: str) -> None:
+    """With `--use_peft` the folder holds LoRA adapters: the card names their base model (the Hub's `base_model`) and
+    says how to load them."""
+    card.data.base_model = base_model
+    card.data.library_name = "peft"
+    card.data.tags = [*(card.data.tags or []), "lora"]
+    card.text += (
+        f"\n\n## LoRA adapters\n\nThis folder holds LoRA adapters (peft) of `{base_model}`, not whole weights. "
+        "Load them on their base model:\n\n```python\nfrom peft import PeftModel\n"
+        "from transformers import AutoModelForImageTextToText\n\n"
+        f'base = AutoModelForImageTextToText.from_pretrained("{base_model}")\n'
+        f'model = PeftModel.from_pretrained(base, "{repo_id}")\n```\n'
     )
 
 
@@ -683,6 +796,7 @@ def train_and_finish(
     dataset's image columns are first fitted to the run ([`fit_image_columns_to_run`]), and a run whose steps would
     all go to pretraining phases is refused before training ([`check_the_captioner_gets_steps`]).
     """
+    check_features_match_model(model, dataset, script_args.image_features)
     dataset = fit_image_columns_to_run(model, dataset, training_args)
     trainer = RLCaptionTrainer(
         model=model,

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from transformers import TrainingArguments
 
 from .metrics.corpus import AVAILABLE_METRICS, resolve_metric_names
@@ -27,6 +28,19 @@ LOSS_NORMALIZATIONS = ("token", "sequence")
 DIVERSITY_METRICS = ("div_1", "div_2", "mbleu_4", "self_bleu", "distinct_captions")
 # The diversity metrics that compare the `eval_num_beams` best beams of each image with each other.
 SET_DIVERSITY_METRICS = ("div_1", "div_2", "mbleu_4")
+# The objectives whose loss gets `beta` · KL(π‖π_ref) on the captions they sample (or decode) from the policy.
+KL_PENALTY_OBJECTIVES = ("scst", "sle", "wtf")
+# Why the others refuse `beta > 0`.
+_WITHOUT_KL_PENALTY = {
+    "xe": "teacher forcing trains on the references, not on captions the policy sampled, and already keeps to the "
+    "language of the references",
+    "spider_pg": "its advantages come from Monte-Carlo rollouts at every token of a recurrent captioner, a loss the "
+    "per-caption penalty is not defined for",
+    "psst": "its word-passing listener trains through the speaker's soft words, a loss the per-caption penalty is not "
+    "defined for (its naturalness term is SCST's loss without the penalty)",
+    "actor_critic": "its value network learns the rewards the policy collects; a penalty in the policy loss alone "
+    "would make the critic's targets wrong",
+}
 
 
 # objective name -> the config class that holds its options; filled by `register_objective`
@@ -68,7 +82,8 @@ class RLCaptionConfig(TrainingArguments):
 
     Label smoothing for the `xe` objective is the inherited `label_smoothing_factor`. Without an
     `accelerator_config`, batches are copied to the GPU without blocking (`{"non_blocking": True}`, from the pinned
-    memory of `dataloader_pin_memory`): a blocking copy waits for the previous step's work on the device.
+    memory of `dataloader_pin_memory`): a blocking copy waits for the previous step's work on the device. On the CPU
+    neither applies: memory is not pinned and copies block.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -159,6 +174,58 @@ class RLCaptionConfig(TrainingArguments):
     xe_captions_per_image: int | None = field(
         default=None,
         metadata={"help": "References used per image and step by `xe`; all of them when unset."},
+    )
+    prompt: str | None = field(
+        default=None,
+        metadata={
+            "help": "The caption prompt of a prompted captioner (Florence-2's task token, PaliGemma's prefix, the "
+            "instruction of a chat model's user turn); the family's default when unset (`<CAPTION>`, `caption en`, "
+            "'Describe this image in one sentence.', none for BLIP-2). Refused for models that take no prompt."
+        },
+    )
+
+    # > KL penalty to the starting policy
+    beta: float = field(
+        default=0.0,
+        metadata={
+            "help": "Weight β of a KL penalty to the starting policy (TRL's name): the loss of `scst`, `sle` and "
+            "`wtf` gets β · KL(π‖π_ref), estimated on every token of the policy's sampled captions with k3 = "
+            "exp(r) - r - 1, r = log π_ref - log π (Schulman 2020), averaged over tokens as the policy loss is "
+            "(`loss_normalization`) and logged as `kl`, so that a reward cannot drag the language model away from "
+            "its language. The reference is the model as the trainer received it: with `use_peft`, the same model "
+            "with its adapters disabled; otherwise a frozen copy, made once. 0 disables it (no reference, no extra "
+            "forward pass)."
+        },
+    )
+
+    # > LoRA adapters through peft (the names of TRL's `ModelConfig`)
+    use_peft: bool = field(
+        default=False,
+        metadata={
+            "help": "Train LoRA adapters (peft) instead of the whole captioner: the trainer wraps the model with "
+            "`peft.get_peft_model`, only the adapters train and are saved in checkpoints and in the final folder "
+            "(which loads with `PeftModel.from_pretrained(base_model, folder)`). A `PeftModel` given to the trainer "
+            "trains as it is, without this flag."
+        },
+    )
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank r of the adapters."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling α: the adapters' update is scaled by α / r."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA adapters' input."})
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Names (or name suffixes) of the modules that get adapters, e.g. `query value`; unset, every "
+            "linear layer except the output layer (peft's `all-linear`), since captioner families name their "
+            "attention projections differently."
+        },
+    )
+    save_merged_model: bool = field(
+        default=False,
+        metadata={
+            "help": "With `use_peft`, `save_model()` also writes the model with its adapters merged into the base "
+            "weights to `<folder>/merged`, a plain transformers folder (with the processor) that loads with "
+            "`from_pretrained` and needs no peft."
+        },
     )
 
     # > Learning-rate schedule, besides the Trainer's `lr_scheduler_type` and warmup
@@ -262,8 +329,13 @@ class RLCaptionConfig(TrainingArguments):
                 "whose flat parameters generate() cannot run on. Shard with accelerate's FSDP2 instead (`accelerate "
                 "launch --config_file examples/accelerate/fsdp.yaml`), or use DDP (`accelerate launch --multi_gpu`)."
             )
+        # Pinned memory and copies that do not block serve a GPU. On the CPU (`use_cpu`, or no GPU at all) pinning
+        # finds no accelerator, and `non_blocking` without pinned memory draws a Trainer warning at every run.
+        copies_to_a_gpu = not self.use_cpu and torch.cuda.is_available()
+        if not copies_to_a_gpu:
+            self.dataloader_pin_memory = False
         if self.accelerator_config is None:
-            self.accelerator_config = {"non_blocking": True}
+            self.accelerator_config = {"non_blocking": copies_to_a_gpu}
         super().__post_init__()
         config_class = _OBJECTIVE_CONFIGS.get(self.objective)
         if config_class is None:
@@ -278,6 +350,13 @@ class RLCaptionConfig(TrainingArguments):
             )
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}.")
+        functions = [func for func in self.reward_funcs if not isinstance(func, str)]
+        if functions:
+            raise ValueError(
+                f"reward_funcs holds {functions[0]!r}, which is not a reward name: a config names built-in rewards "
+                "only (it is parsed from the command line and saved as JSON). Pass reward functions to the trainer "
+                "instead, with the names: `RLCaptionTrainer(..., reward_funcs=['cider', my_function])`."
+            )
         unknown_rewards = [name for name in self.reward_funcs if name not in available_rewards()]
         if unknown_rewards:
             raise ValueError(
@@ -288,6 +367,7 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError(f"loss_normalization={self.loss_normalization!r} is not one of {LOSS_NORMALIZATIONS}.")
         if self.num_samples_per_image < 1:
             raise ValueError(f"num_samples_per_image must be >= 1, got {self.num_samples_per_image}.")
+        self._check_kl_penalty_and_lora()
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward, e.g. ['cider'].")
         if self.reward_processes < 0:
@@ -331,6 +411,27 @@ class RLCaptionConfig(TrainingArguments):
             raise ValueError("eval_clip='' names no CLIP: give a folder or Hub id, or None for no CLIP metrics.")
         if self.num_completions_to_print < 1:
             raise ValueError(f"num_completions_to_print must be >= 1, got {self.num_completions_to_print}.")
+
+    def _check_kl_penalty_and_lora(self) -> None:
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0 (0 disables the KL penalty), got {self.beta}.")
+        if self.beta > 0 and self.objective not in KL_PENALTY_OBJECTIVES:
+            reason = _WITHOUT_KL_PENALTY.get(self.objective, "it adds no KL penalty to its loss")
+            raise ValueError(
+                f"beta={self.beta} asks for a KL penalty, which objective={self.objective!r} does not apply: "
+                f"{reason}. The objectives {KL_PENALTY_OBJECTIVES} apply it; or set beta=0."
+            )
+        if self.lora_r < 1:
+            raise ValueError(f"lora_r must be >= 1, got {self.lora_r}.")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}.")
+        if isinstance(self.lora_target_modules, str):
+            self.lora_target_modules = [self.lora_target_modules]
+        if self.save_merged_model and not self.use_peft:
+            raise ValueError(
+                "save_merged_model=True merges LoRA adapters into the base weights, but use_peft is False: set "
+                "--use_peft, or leave save_merged_model unset (a model trained whole is saved whole)."
+            )
 
 
 def _registered_class_of(config_class: type[RLCaptionConfig]) -> type[RLCaptionConfig]:

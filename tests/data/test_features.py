@@ -257,3 +257,28 @@ def test_command_line_grid_features(shapes, tiny_vit, tmp_path):
     assert np.asarray(result["test"][0]["image_features"]).shape == (17, 16)
     with pytest.raises(SystemExit):
         parser.parse_args([*arguments, "--pooling", "max"])
+
+
+def test_a_mistyped_model_leaves_the_output_folder_free(shapes, tiny_vit, tmp_path, monkeypatch):
+    with pytest.raises((OSError, ValueError)):
+        extract_features(shapes, tiny_vit + "-typo", tmp_path, split="test")
+    assert not (tmp_path / "shards" / "manifest.json").exists()
+    # the corrected command runs, and the same backbone named by a relative path resumes it
+    extract_features(shapes, tiny_vit, tmp_path, split="test")
+    monkeypatch.chdir(tmp_path.parent)
+    relative = shutil.os.path.relpath(tiny_vit)
+    assert relative != tiny_vit
+    extract_features(shapes, relative, tmp_path, split="test")
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    assert manifest["model"] == tiny_vit  # recorded resolved, whatever the spelling
+
+
+def test_the_manifest_records_the_extractor(shapes, tiny_resnet, tmp_path):
+    extract_features(shapes, tiny_resnet, tmp_path, split="test", pooling="none")
+    record = features_module.read_feature_extractor(tmp_path / "dataset")
+    assert record["model"] == tiny_resnet and record["pooling"] == "none" and record["layout"] == "grid"
+    assert record["image_processor"] == json.loads(AutoImageProcessor.from_pretrained(tiny_resnet).to_json_string())
+    extractor = features_module.ImageFeatureExtractor(record)
+    features = extractor(list(shapes["test"]["image"]))
+    np.testing.assert_allclose(features.numpy(), _reference_grids(shapes["test"], tiny_resnet), atol=1e-5)
+    assert features_module.read_feature_extractor(tmp_path / "elsewhere") is None

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..generation.captioners import CaptionTokens
+from ..generation.prompted_captioners import prompt_inputs
 
 __all__ = ["CaptionCollator", "pad_regions"]
 
@@ -33,7 +34,11 @@ class CaptionCollator:
       each caption's image): the tokenized references for teacher forcing, all of them or
       `captions_per_image` drawn at random per image, each `start w_1 ... w_n end` and right-padded;
     - every other column as a list under its own name (datasets columns reach reward functions this way), and
-      `image` beside `image_features`: the images a CLIP reward reads.
+      `image` beside `image_features`: the images a CLIP reward reads;
+    - with a `prompt` (models conditioned on one, see [`rlcaption.generation.prompted_captioners`]), the processor's
+      outputs for each image with the prompt instead of `pixel_values` alone: the prompt's tokens, left-padded,
+      renamed `prompt_input_ids`, `prompt_attention_mask` (`prompt_token_type_ids`, ...), and the image tensors the
+      processor gives under their own names (`pixel_values`, `image_grid_thw`, `pixel_attention_mask`, ...).
 
     References are tokenized by the processor, stripped of the special tokens its tokenizer puts around them
     (`[CLS]`/`[SEP]`, `<bos>`/`<eos>`, ...), then framed by the model's start and end tokens: a GPT-2 tokenizer adds
@@ -51,6 +56,10 @@ class CaptionCollator:
             eos tokens, and a tokenizer without them is refused.
         tokenize_references (`bool`, *optional*, defaults to `True`): `False` to collate images and references as
             written only (evaluation needs no token ids).
+        prompt (`str`, *optional*): the text the processor reads with every image, for a model conditioned on a
+            prompt: `captioner_for(model).prompt_text(processor, prompt)` (what [`RLCaptionTrainer`] passes, the
+            family's default prompt unless `RLCaptionConfig.prompt` is set). References are then tokenized by the
+            processor's tokenizer alone, as the words that follow the prompt.
     """
 
     def __init__(
@@ -60,6 +69,7 @@ class CaptionCollator:
         max_length: int | None = None,
         caption_tokens: CaptionTokens | None = None,
         tokenize_references: bool = True,
+        prompt: str | None = None,
     ):
         if captions_per_image is not None and captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1 or None, got {captions_per_image}.")
@@ -69,6 +79,10 @@ class CaptionCollator:
         self.captions_per_image = captions_per_image
         self.max_length = max_length
         self.tokenize_references = tokenize_references
+        self.prompt = prompt
+        # a prompted model's processor would frame a reference as a prompt (image tokens, task words): its tokenizer
+        # tokenizes the words that follow the prompt
+        self._reference_tokenizer = processor if prompt is None else getattr(processor, "tokenizer", processor)
         self.caption_tokens = None
         if tokenize_references:
             tokenizer = getattr(processor, "tokenizer", processor)
@@ -83,8 +97,10 @@ class CaptionCollator:
             raise ValueError("Cannot collate an empty list of rows.")
         batch: dict[str, Any] = {}
         first = rows[0]
-        # 1. image inputs
-        if "image_features" in first and first["image_features"] is not None:
+        # 1. image inputs, with the prompt's tokens for a model conditioned on a prompt
+        if self.prompt is not None:
+            batch.update(self._prompted_image_inputs(rows))
+        elif "image_features" in first and first["image_features"] is not None:
             if np.ndim(first["image_features"]) == 2:
                 batch["image_features"], batch["image_feature_mask"] = pad_regions(rows, "image_features")
                 if first.get("image_boxes") is not None:
@@ -155,12 +171,27 @@ class CaptionCollator:
                     raise ValueError(message) from row_error
             raise
 
+    def _prompted_image_inputs(self, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """The processor's outputs for every row's image with the prompt, the prompt's tokens renamed `prompt_*`."""
+        if "image" not in rows[0]:
+            raise ValueError(
+                f"A prompted captioner reads images through its processor, with the prompt, but the rows have no "
+                f"`image` column (got {sorted(rows[0])}): give the dataset its images, not precomputed "
+                "`pixel_values` or `image_features`."
+            )
+        # one list of images per prompt: processors that split images (Idefics3) or count them per text need it
+        images = [[row["image"]] for row in rows]
+        outputs = self.processor(
+            images=images, text=[self.prompt] * len(rows), padding=True, padding_side="left", return_tensors="pt"
+        )
+        return prompt_inputs(outputs)
+
     def _tokenize(self, texts: list[str]) -> tuple[torch.LongTensor, torch.LongTensor]:
         """`start w_1 ... w_n end pad ...` for every text: `input_ids` and `attention_mask` of shape `(N, T)`."""
         tokens = self.caption_tokens
         # the processor's own text handling (CaptionProcessor normalises like the metrics), without padding: the
         # framing below changes the lengths
-        encoded = self.processor(text=texts, padding=False, return_tensors=None)["input_ids"]
+        encoded = self._reference_tokenizer(text=texts, padding=False, return_tensors=None)["input_ids"]
         max_words = None if self.max_length is None else self.max_length - 2
         sequences = []
         for ids in encoded:

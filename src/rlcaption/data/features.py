@@ -11,8 +11,10 @@ Layout of `output_dir`:
 
 ```
 output_dir/
-  shards/manifest.json        model, pooling, shard size, split sizes: a rerun with other settings is refused;
-                              `feature_shape`, the shape of one image's features, once a shard is written
+  shards/manifest.json        model (a local folder as its absolute path), pooling, shard size, split sizes: a
+                              rerun with other settings is refused; the backbone's image processor settings and
+                              `feature_shape`, the shape of one image's features, once extraction has started
+                              (written only once the backbone has loaded, so a mistyped --model locks nothing)
   shards/<split>/shard-00000.npy   float32 array of shape (rows in shard, feature size) when pooled, or
                               (rows in shard, num positions, feature size) with pooling "none"
   dataset/                    the DatasetDict with the `image_features` column (`datasets.load_from_disk`)
@@ -33,6 +35,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import torch
+import transformers
 from tqdm.auto import tqdm
 from transformers import AutoImageProcessor, AutoModel
 
@@ -42,8 +45,11 @@ from ..shapes.dataset import load_shapes, save_dataset_atomically
 from .images import convert_to_rgb
 
 __all__ = [
+    "ImageFeatureExtractor",
     "configure_extract_features_parser",
+    "describe_feature_extractor",
     "extract_features",
+    "read_feature_extractor",
     "run_extract_features",
 ]
 
@@ -51,6 +57,14 @@ FEATURES_COLUMN = "image_features"
 _MANIFEST_VERSION = 1
 # Settings a manifest written before they could be chosen was extracted with.
 _SETTINGS_OF_OLDER_MANIFESTS = {"pooling": "auto"}
+
+
+def _load_backbone(model_name_or_path: str | os.PathLike, device: torch.device, option: str = "--model"):
+    """`(image_processor, model)` of a backbone, the model in evaluation mode on `device`."""
+    local_files_only = check_pretrained_reference(model_name_or_path, option=option)
+    image_processor = AutoImageProcessor.from_pretrained(model_name_or_path, local_files_only=local_files_only)
+    model = AutoModel.from_pretrained(model_name_or_path, local_files_only=local_files_only).to(device).eval()
+    return image_processor, model
 
 
 def _encode_images(model, pixel_values: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -95,25 +109,38 @@ def _write_atomically(path: Path, write) -> None:
             os.remove(temporary)
 
 
-def _check_manifest(shards_dir: Path, manifest: dict) -> None:
-    """Refuse to mix shards of another model, pooling, shard size or dataset in one `output_dir`."""
+def _resolved_model(model_name_or_path: str | os.PathLike) -> str:
+    """A local backbone folder as its absolute path, so that `backbones/resnet` and `/data/backbones/resnet` name one
+    backbone; a Hub id as given."""
+    return str(Path(model_name_or_path).resolve()) if os.path.isdir(model_name_or_path) else str(model_name_or_path)
+
+
+def _same_model(recorded: str, given: str) -> bool:
+    return recorded == given or _resolved_model(recorded) == given
+
+
+def _merged_manifest(shards_dir: Path, manifest: dict) -> dict:
+    """The manifest of `shards_dir` updated with `manifest`, refusing shards of another model, pooling, shard size or
+    dataset in one `output_dir`. Writes nothing: the manifest is written once the backbone has loaded, so that a
+    mistyped --model leaves no trace that would refuse the corrected command."""
     path = shards_dir / "manifest.json"
-    if path.is_file():
-        existing = {**_SETTINGS_OF_OLDER_MANIFESTS, **json.loads(path.read_text(encoding="utf-8"))}
-        for key in ("version", "model", "pooling", "shard_size"):
-            if existing.get(key) != manifest[key]:
-                raise ValueError(
-                    f"{shards_dir.parent} holds features extracted with {key}={existing.get(key)!r}, not "
-                    f"{manifest[key]!r}. Use another --output-dir, or delete {shards_dir} to start over."
-                )
-        for split, signature in manifest["splits"].items():
-            if split in existing["splits"] and existing["splits"][split] != signature:
-                raise ValueError(
-                    f"{shards_dir.parent} holds features of a different '{split}' split ({existing['splits'][split]} "
-                    f"vs {signature}). Use another --output-dir, or delete {shards_dir} to start over."
-                )
-        manifest = {**existing, **manifest, "splits": {**existing["splits"], **manifest["splits"]}}
-    _write_manifest(shards_dir, manifest)
+    if not path.is_file():
+        return manifest
+    existing = {**_SETTINGS_OF_OLDER_MANIFESTS, **json.loads(path.read_text(encoding="utf-8"))}
+    for key in ("version", "model", "pooling", "shard_size"):
+        same = _same_model(existing[key], manifest[key]) if key == "model" else existing.get(key) == manifest[key]
+        if not same:
+            raise ValueError(
+                f"{shards_dir.parent} holds features extracted with {key}={existing.get(key)!r}, not "
+                f"{manifest[key]!r}. Use another --output-dir, or delete {shards_dir} to start over."
+            )
+    for split, signature in manifest["splits"].items():
+        if split in existing["splits"] and existing["splits"][split] != signature:
+            raise ValueError(
+                f"{shards_dir.parent} holds features of a different '{split}' split ({existing['splits'][split]} "
+                f"vs {signature}). Use another --output-dir, or delete {shards_dir} to start over."
+            )
+    return {**existing, **manifest, "splits": {**existing["splits"], **manifest["splits"]}}
 
 
 def _write_manifest(shards_dir: Path, manifest: dict) -> None:
@@ -247,12 +274,12 @@ def extract_features(
     shards_dir = output_dir / "shards"
     manifest = {
         "version": _MANIFEST_VERSION,
-        "model": str(model_name_or_path),
+        "model": _resolved_model(model_name_or_path),
         "pooling": pooling,
         "shard_size": shard_size,
         "splits": {name: _split_signature(split_dataset) for name, split_dataset in dataset_dict.items()},
     }
-    _check_manifest(shards_dir, manifest)
+    manifest = _merged_manifest(shards_dir, manifest)
 
     def shard_path(name: str, index: int) -> Path:
         return shards_dir / name / f"shard-{index:05d}.npy"
@@ -263,11 +290,13 @@ def extract_features(
         for index in range(math.ceil(split_dataset.num_rows / shard_size))
         if not shard_path(name, index).is_file()
     ]
-    if todo:
+    if not todo:
+        _write_manifest(shards_dir, manifest)
+    else:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        local_files_only = check_pretrained_reference(model_name_or_path, option="--model")
-        image_processor = AutoImageProcessor.from_pretrained(model_name_or_path, local_files_only=local_files_only)
-        model = AutoModel.from_pretrained(model_name_or_path, local_files_only=local_files_only).to(device).eval()
+        image_processor, model = _load_backbone(model_name_or_path, device)
+        # recorded so that a captioner trained on these features can process new photos exactly as they were
+        _write_manifest(shards_dir, {**manifest, "image_processor": json.loads(image_processor.to_json_string())})
         rows_todo = sum(min(shard_size, dataset_dict[name].num_rows - index * shard_size) for name, index in todo)
         with tqdm(total=rows_todo, desc="Extracting image features", unit="img") as progress:
             for name, index in todo:
@@ -297,6 +326,66 @@ def extract_features(
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     return datasets.load_from_disk(str(result_path))
+
+
+def read_feature_extractor(folder: str | os.PathLike) -> dict | None:
+    """
+    What made the features of an `extract-features` output folder (or of its `dataset/`), from its manifest: the
+    record a captioner trained on them keeps in its config (`image_feature_extractor`), so that it can caption photos.
+
+    Returns:
+        `dict` with `model` (Hub id or absolute folder of the backbone), `image_processor` (its settings as saved in
+        `preprocessor_config.json`; absent from manifests of older versions), `pooling`, `layout` (`"pooled"` or
+        `"grid"`) and `feature_shape`; `None` for a folder without a manifest (e.g. region features).
+    """
+    folder = Path(folder)
+    if folder.name == "dataset" and not (folder / "shards").is_dir():
+        folder = folder.parent
+    path = folder / "shards" / "manifest.json"
+    if not path.is_file():
+        return None
+    manifest = {**_SETTINGS_OF_OLDER_MANIFESTS, **json.loads(path.read_text(encoding="utf-8"))}
+    recorded_keys = ("model", "image_processor", "pooling", "feature_shape")
+    record = {key: manifest[key] for key in recorded_keys if key in manifest}
+    record["layout"] = "grid" if record["pooling"] == "none" else "pooled"
+    return record
+
+
+def describe_feature_extractor(record: dict | None) -> str:
+    """`record` ([`read_feature_extractor`]) in words, as errors name it."""
+    if record is None:
+        return "features with no recorded extractor (e.g. region features)"
+    return f"{record['layout']} features (pooling {record['pooling']!r}) of the backbone {record['model']!r}"
+
+
+class ImageFeatureExtractor:
+    """
+    Runs the backbone recorded by [`read_feature_extractor`] over new images, processed by the image processor it was
+    extracted with: the `image_features` a captioner trained on that dataset reads.
+
+    Args:
+        record (`dict`): the extractor record (a features manifest's, or a captioner config's
+            `image_feature_extractor`).
+        device (`str` or `torch.device`, *optional*, defaults to `"cpu"`).
+    """
+
+    def __init__(self, record: dict, device: str | torch.device = "cpu"):
+        self.record = record
+        self.pooling = record["pooling"]
+        image_processor, self.model = _load_backbone(record["model"], torch.device(device), option="the backbone")
+        if record.get("image_processor"):
+            settings = dict(record["image_processor"])
+            image_processor = getattr(transformers, settings.pop("image_processor_type")).from_dict(settings)
+        self.image_processor = image_processor
+
+    def __call__(self, images: list) -> torch.Tensor:
+        """`image_features` of PIL `images`: `(batch_size, feature_size)`, or `(batch_size, num_positions,
+        feature_size)` for grids."""
+        parameter = next(self.model.parameters())
+        pixel_values = self.image_processor(images=[convert_to_rgb(image) for image in images], return_tensors="pt")
+        with torch.inference_mode():
+            pixels = pixel_values["pixel_values"].to(device=parameter.device, dtype=parameter.dtype)
+            return _encode_images(self.model, pixels, self.pooling).float()
 
 
 def configure_extract_features_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from ..shapes.dataset import load_shapes
 from .coco import load_caption_imagefolder
 from .image_checks import check_dataset_images
 
-__all__ = ["load_caption_dataset"]
+__all__ = ["load_caption_dataset", "saved_dataset_folder"]
 
 _REQUIRED_COLUMNS = ("captions",)
 _IMAGE_COLUMNS = ("image", "pixel_values", "image_features")
@@ -26,8 +26,9 @@ def load_caption_dataset(
 
     Args:
         name_or_path: `"shapes"` (the embedded synthetic dataset; `shapes_kwargs` such as `num_train` are passed to
-            [`load_shapes`]), a folder written by `DatasetDict.save_to_disk`, a folder of images with their captions
-            in `metadata.jsonl` files (read by [`load_caption_imagefolder`]), or a Hub dataset id.
+            [`load_shapes`]), a folder written by `DatasetDict.save_to_disk`, an `rlcaption extract-features` output
+            folder (its `dataset/` is read, as the recipes' `--image_features` reads it), a folder of images with their
+            captions in `metadata.jsonl` files (read by [`load_caption_imagefolder`]), or a Hub dataset id.
         verify_images: decode every image of an `image` column once ([`check_dataset_images`]), so that a corrupt
             one fails now, named, rather than stopping training mid-run; a later launch on the same data remembers
             the outcome instead of decoding again. The shapes images, rendered here, are not checked.
@@ -42,6 +43,8 @@ def load_caption_dataset(
         return load_shapes(**shapes_kwargs)
     if shapes_kwargs:
         raise ValueError(f"Options {sorted(shapes_kwargs)} apply to the shapes dataset only, not {name_or_path!r}.")
+    if os.path.isdir(name_or_path):
+        name_or_path = saved_dataset_folder(name_or_path)
     if os.path.isdir(name_or_path) and not _is_saved_dataset(name_or_path):
         try:
             return load_caption_imagefolder(name_or_path, verify_images, skip_unreadable_images)
@@ -71,6 +74,15 @@ def load_caption_dataset(
     if verify_images or skip_unreadable_images:
         dataset = check_dataset_images(dataset, skip_unreadable_images)
     return dataset
+
+
+def saved_dataset_folder(folder: str) -> str:
+    """The folder `datasets.load_from_disk` reads for `folder`: its `dataset/` when `folder` is an `rlcaption
+    extract-features` output folder, else `folder` itself. Every command names a features folder the same way."""
+    extracted = os.path.join(folder, "dataset")
+    if not _is_saved_dataset(folder) and os.path.isdir(extracted) and _is_saved_dataset(extracted):
+        return extracted
+    return folder
 
 
 def _is_saved_dataset(folder: str) -> bool:

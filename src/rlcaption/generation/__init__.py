@@ -1,7 +1,9 @@
 """
 Decoding and scoring captions with any captioner: [`generate_captions`] and [`sample_token_log_probs`] (the one place
 objectives, evaluation and scripts decode and score), the adapters that say what differs between captioner families
-([`captioner_for`]: ours, VisionEncoderDecoder, BLIP, GIT), and the decoding loops with their CUDA graphs.
+([`captioner_for`]: ours, VisionEncoderDecoder, BLIP, GIT, and the prompted
+families of [`rlcaption.generation.prompted_captioners`]: Florence-2, BLIP-2, PaliGemma, SmolVLM/Idefics3,
+Qwen2-VL/2.5-VL, LLaVA), and the decoding loops with their CUDA graphs.
 """
 
 from .captioners import Captioner, captioner_for, forward_through
@@ -21,10 +23,14 @@ from .decoding import (
     token_log_probs,
 )
 
+# registers the prompted families with `captioner_for`
+from .prompted_captioners import PromptedCaptioner
+
 __all__ = [
     "IMAGE_INPUT_NAMES",
     "Captioner",
     "GeneratedCaptions",
+    "PromptedCaptioner",
     "caption_logits",
     "caption_token_mask",
     "captioner_for",

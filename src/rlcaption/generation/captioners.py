@@ -59,6 +59,7 @@ __all__ = [
     "VisionEncoderDecoderCaptioner",
     "captioner_for",
     "forward_through",
+    "register_captioner",
 ]
 
 
@@ -341,8 +342,12 @@ class Captioner:
                 model, self._logits_encoding_images_once, image_inputs, image_index, input_ids, attention_mask
             )
             return logits[:, :-1]
-        image_inputs = {name: tensor.index_select(0, image_index) for name, tensor in image_inputs.items()}
-        return self._logits(model, image_inputs, input_ids, attention_mask)[:, :-1]
+        return self._logits(model, self._rows(image_inputs, image_index), input_ids, attention_mask)[:, :-1]
+
+    def _rows(self, image_inputs: dict[str, torch.Tensor], image_index: torch.LongTensor) -> dict[str, torch.Tensor]:
+        """The image inputs of the images `image_index` names, one row per caption (a family whose image tensors are
+        not one row per image selects its own way)."""
+        return {name: tensor.index_select(0, image_index) for name, tensor in image_inputs.items()}
 
     def _logits(
         self,
@@ -369,6 +374,19 @@ class Captioner:
         its captions (the row `image_index[n]` for caption n), instead of the image encoded once per caption: k times
         less vision work and memory for k captions per image, the same logits."""
         raise NotImplementedError
+
+    def prompt_text(self, processor: Any, prompt: str | None = None) -> str | None:
+        """
+        The text the processor reads beside each image, for a family conditioned on a prompt (see
+        [`rlcaption.generation.prompted_captioners`]); `None` for the others, which are refused a `prompt`.
+        """
+        if prompt is not None:
+            raise ValueError(
+                f"{type(self.model).__name__} captions from the image alone and takes no prompt, got prompt="
+                f"{prompt!r}: leave `prompt` unset (the prompted families are Florence-2, BLIP-2, PaliGemma, "
+                "SmolVLM/Idefics3, Qwen2-VL and LLaVA)."
+            )
+        return None
 
     def _image_inputs(self, image_inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         selected = {name: image_inputs[name] for name in self.image_input_names if image_inputs.get(name) is not None}
@@ -577,18 +595,34 @@ class GitCaptioner(Captioner):
         return logits[:, -input_ids.size(1) :]  # (N, T, V): the caption's positions, after the image's
 
 
-_CAPTIONERS: tuple[type[Captioner], ...] = (
+_CAPTIONERS: list[type[Captioner]] = [
     ShowTellRLCaptioner,
     SpeakerListenerCaptioner,
     PolicyNetworkCaptioner,
     VisionEncoderDecoderCaptioner,
     BlipCaptioner,
     GitCaptioner,
-)
+]
+
+
+def register_captioner(family: type[Captioner]) -> type[Captioner]:
+    """Adds `family` to the families [`captioner_for`] knows (the prompted ones of
+    [`rlcaption.generation.prompted_captioners`] register themselves as the package is imported)."""
+    if family not in _CAPTIONERS:
+        _CAPTIONERS.append(family)
+    return family
+
+
+def _without_peft_wrapper(model: nn.Module) -> nn.Module:
+    """The model a peft `PeftModel` wraps (duck-typed, so that peft is imported only by those who use it); `model`
+    itself otherwise. The wrapper's `forward(*args, **kwargs)` hides the image inputs of the model inside."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) and hasattr(model, "peft_config") else model
 
 
 def _missing_capability(model: nn.Module) -> str:
     """Why rlcaption cannot train `model`, in words."""
+    model = _without_peft_wrapper(model)
     if not callable(getattr(model, "generate", None)):
         return "it has no `generate()` to decode captions with (it is not a `GenerationMixin` model)"
     parameters = inspect.signature(model.forward).parameters
@@ -605,13 +639,14 @@ def captioner_for(model: nn.Module) -> Captioner:
     The [`Captioner`] of `model`'s family.
 
     Args:
-        model: a captioning model, or a DDP wrapper of one (`.module` is used).
+        model: a captioning model, or a DDP wrapper of one (`.module` is used), or a peft `PeftModel` of one (its
+            base model is used: LoRA layers are injected into it, so its forward and `generate()` run the adapters).
 
     Raises:
         `ValueError`: for a model of no supported family, naming the capability it lacks; or for a supported model
             that declares no start or end token, naming the setting to add.
     """
-    module = getattr(model, "module", model)
+    module = _without_peft_wrapper(getattr(model, "module", model))
     for family in _CAPTIONERS:
         if family.handles(module):
             return family(module)

@@ -25,15 +25,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationConfig
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..models.captions import caption_token_mask
 from .captioners import captioner_for, forward_through
+from .prompted_captioners import CONDITIONING_INPUT_NAMES
 
 __all__ = [
     "IMAGE_INPUT_NAMES",
     "GeneratedCaptions",
     "caption_logits",
     "caption_token_mask",
+    "checkpointing_in_evaluation_mode",
     "evaluation_mode",
     "forward_through",
     "generate_caption_sets",
@@ -47,8 +50,9 @@ __all__ = [
 ]
 
 # The batch keys that carry the image, in the names of the models' forward() arguments; the padding mask of region
-# features travels with them, so that selecting or repeating image rows keeps each image's mask.
-IMAGE_INPUT_NAMES = ("pixel_values", "image_features", "image_feature_mask")
+# features travels with them, so that selecting or repeating image rows keeps each image's mask. A prompted model's
+# prompt tokens and image tensors of other names are conditioning as the image is, and travel alike.
+IMAGE_INPUT_NAMES = ("pixel_values", "image_features", "image_feature_mask", *CONDITIONING_INPUT_NAMES)
 # Modules that cuDNN differentiates only after a training-mode forward.
 RECURRENT_MODULES = (nn.RNNBase, nn.RNNCellBase)
 
@@ -306,9 +310,55 @@ def _scored_samples(
     image_index: torch.LongTensor | None,
     with_entropies: bool,
 ) -> tuple[torch.FloatTensor, ...]:
-    """The samples' log-probabilities (and entropies), in evaluation mode."""
-    with evaluation_mode(model):
+    """The samples' log-probabilities (and entropies), in evaluation mode, with the gradient checkpointing of
+    `--gradient_checkpointing` (see [`checkpointing_in_evaluation_mode`])."""
+    with evaluation_mode(model), checkpointing_in_evaluation_mode(model):
         return _sample_scores(model, with_entropies, sequences, image_index, **image_inputs)
+
+
+@contextmanager
+def checkpointing_in_evaluation_mode(model: nn.Module) -> Iterator[None]:
+    """
+    Keeps the gradient checkpointing of a model's layers (`model.gradient_checkpointing_enable()`) in a block run in
+    evaluation mode with gradients: the pass that scores RL samples, the largest of a step's activations.
+
+    transformers checkpoints a layer only in training mode. In the block, every checkpointed layer is flagged as
+    training (the flag alone, not its submodules), so that it checkpoints, and its checkpointed function runs the
+    layer and its submodules in evaluation mode, in the forward pass and in its recomputation during the backward
+    pass alike (which runs after the block, with the model back in its own mode): the same function, without
+    dropout, as the unflagged evaluation-mode forward.
+    """
+    layers = [
+        module
+        for module in model.modules()
+        if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing and not module.training
+    ]
+    checkpoints = {layer: layer._gradient_checkpointing_func for layer in layers}
+    for layer, checkpoint in checkpoints.items():
+        layer.training = True
+        layer._gradient_checkpointing_func = _checkpointing_in_evaluation_mode(layer, checkpoint)
+    try:
+        yield
+    finally:
+        for layer, checkpoint in checkpoints.items():
+            layer.training = False
+            layer._gradient_checkpointing_func = checkpoint
+
+
+def _checkpointing_in_evaluation_mode(layer: nn.Module, checkpoint: Any) -> Any:
+    def checkpoint_in_evaluation_mode(function, *args):
+        def in_evaluation_mode(*inputs):
+            modes = {module: module.training for module in layer.modules()}
+            layer.eval()
+            try:
+                return function(*inputs)
+            finally:
+                for module, training in modes.items():
+                    module.training = training
+
+        return checkpoint(in_evaluation_mode, *args)
+
+    return checkpoint_in_evaluation_mode
 
 
 def _sample_scores(

@@ -254,7 +254,10 @@ class ActorCriticObjective(CaptionObjective):
         if not isinstance(model, PolicyValueCaptioner):
             raise ValueError(
                 f"The actor_critic objective trains a PolicyValueCaptioner (a policy and its value network), got "
-                f"{type(model).__name__}. Wrap a trained captioner with `PolicyValueCaptioner.from_policy(captioner)`."
+                f"{type(model).__name__}. Wrap a trained ShowTellRL with "
+                "`PolicyValueCaptioner.from_policy(captioner)`: the value network reads the policy's recurrent "
+                "states, which needs rlcaption's recurrent captioners; train transformers captioners (Florence-2, "
+                "BLIP, PaliGemma, ...) with `xe`, `scst`, `sle` or `wtf`."
             )
         self.value_network = model.detach_value_network()
 

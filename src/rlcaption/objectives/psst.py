@@ -337,7 +337,10 @@ class PSSTObjective(CaptionObjective):
         if not isinstance(model, SpeakerListener):
             raise ValueError(
                 f"The psst objective trains a SpeakerListener (a speaker and its listener), got "
-                f"{type(model).__name__}. Wrap a trained captioner with `SpeakerListener.from_speaker(captioner)`."
+                f"{type(model).__name__}. Wrap a trained ShowTellRL with `SpeakerListener.from_speaker(captioner)`: "
+                "word passing feeds the listener the speaker's soft words step by step, which needs rlcaption's "
+                "recurrent captioners; train transformers captioners (Florence-2, BLIP, PaliGemma, ...) with `xe`, "
+                "`scst`, `sle` or `wtf`."
             )
         self.listener = model.detach_listener()
 

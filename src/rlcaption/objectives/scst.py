@@ -22,6 +22,7 @@ from ..generation.decoding import (
 from ..rl_config import RLCaptionConfig
 from .base import CaptionObjective, TrainerInterface, register_objective, reward_tensor
 from .policy_gradient import (
+    kl_penalty,
     policy_gradient_loss,
     sample_captions_to_score,
     start_greedy_rewards,
@@ -33,6 +34,7 @@ __all__ = [
     "SCSTConfig",
     "SCSTObjective",
     "check_self_critical_baseline",
+    "mean_of_other_samples",
     "mean_token_entropy",
     "self_critical_loss",
 ]
@@ -84,6 +86,24 @@ class SCSTConfig(RLCaptionConfig):
             raise ValueError(f"entropy_bonus_weight must be >= 0 (0 disables it), got {self.entropy_bonus_weight}.")
 
 
+def mean_of_other_samples(rewards: np.ndarray) -> np.ndarray:
+    """
+    For every sample, the mean reward of the other samples of its image (the "new self-critical" baseline), over the
+    samples some reward scored (NaN marks one that none did); NaN when no other sample was scored.
+
+    Args:
+        rewards (`np.ndarray` of shape `(batch_size, num_samples)`): the rewards of each image's samples.
+
+    Returns:
+        `np.ndarray` of shape `(batch_size, num_samples)`.
+    """
+    scored = ~np.isnan(rewards)
+    values = np.where(scored, rewards, 0.0)
+    others = values.sum(axis=1, keepdims=True) - values
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return others / (scored.sum(axis=1, keepdims=True) - scored)
+
+
 def mean_token_entropy(token_entropies: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
     """
     The mean entropy of the policy's next-token distributions over the tokens of a batch of captions.
@@ -102,11 +122,13 @@ def self_critical_loss(
     inputs: dict[str, Any],
     baseline: str,
     entropy_bonus_weight: float = 0.0,
+    beta: float = 0.0,
 ) -> torch.Tensor:
     """
     The SCST loss of a batch: REINFORCE on `num_samples_per_image` captions sampled per image, scored by the
     trainer's rewards against `baseline` (one of [`BASELINES`]), with `−w · H` added for an `entropy_bonus_weight` w >
-    0. [`SCSTObjective`]'s loss, and the naturalness term of `psst`.
+    0, and the KL penalty `beta · KL(π‖π_ref)` of [`kl_penalty`] for `beta` > 0 (`trainer.args.beta`).
+    [`SCSTObjective`]'s loss, and the naturalness term of `psst` (without the penalty).
     """
     args = trainer.args
     num_samples = args.num_samples_per_image
@@ -138,18 +160,22 @@ def self_critical_loss(
     if baseline == "greedy":
         baselines = np.repeat(pending_greedy.result(), num_samples)
     elif baseline == "mean_of_others":
-        per_image = rewards.reshape(batch_size, num_samples)
-        baselines = ((per_image.sum(axis=1, keepdims=True) - per_image) / (num_samples - 1)).reshape(-1)
+        baselines = mean_of_other_samples(rewards.reshape(batch_size, num_samples)).reshape(-1)
     else:
         baselines = np.zeros_like(rewards)
-    advantages = reward_tensor(rewards - baselines, samples.sequences.device)
+    # a sample no reward scored (NaN: every reward returned None), or one without a baseline, carries no learning
+    # signal: advantage 0, as in TRL
+    advantages = reward_tensor(np.nan_to_num(rewards - baselines, nan=0.0), samples.sequences.device)
     trainer.record_metric("advantage_std", advantages.std() if advantages.numel() > 1 else 0.0)
     trainer.record_metric("sample_length", mask.sum(dim=1).mean())
     loss = policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
+    if beta > 0:
+        # 4. KL penalty to the starting policy, on the same samples
+        loss = loss + kl_penalty(trainer, image_inputs, samples.sequences, log_probs, mask, image_index=sample_index)
     if entropy_bonus_weight == 0:
         return loss
 
-    # 4. maximum-entropy bonus (SLL-ME)
+    # 5. maximum-entropy bonus (SLL-ME)
     entropy = mean_token_entropy(entropies, mask)
     trainer.record_metric("entropy", entropy)
     return loss - entropy_bonus_weight * entropy
@@ -173,6 +199,11 @@ class SCSTObjective(CaptionObjective):
 
     name = "scst"
     config_class = SCSTConfig
+    # a sample that no reward scores gets advantage 0 (see RLCaptionTrainer.start_rewards)
+    masks_unscored_captions = True
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        return self_critical_loss(self.trainer, model, inputs, self.args.baseline, self.args.entropy_bonus_weight)
+        args = self.args
+        return self_critical_loss(
+            self.trainer, model, inputs, args.baseline, args.entropy_bonus_weight, beta=args.beta
+        )

@@ -19,6 +19,7 @@ from ..metrics.diversity import PAIRWISE_DISTANCES, pairwise_caption_distances
 from ..rl_config import RLCaptionConfig
 from .base import CaptionObjective, register_objective, reward_tensor
 from .policy_gradient import (
+    kl_penalty,
     policy_gradient_loss,
     sample_captions_to_score,
     start_greedy_rewards,
@@ -68,6 +69,8 @@ def sequence_level_exploration_advantages(
         )
     # Chen & Jin 2020, eq. 16: precision term with the greedy caption's reward as baseline
     precision = rewards - greedy_rewards.repeat_interleave(num_samples)  # (B*s,)
+    # NaN where no reward scored the sample or its greedy caption (every reward returned None): no precision signal
+    precision = torch.nan_to_num(precision, nan=0.0)
 
     # Chen & Jin 2020, eqs. 13-16: diversity term over the ordered pairs of distinct samples, mean-distance baseline.
     # Why not eq. 16's `(2 / s) Σ_k` over every k: the diversity term E_{y,y'}[d(y, y')] depends on θ through both
@@ -170,6 +173,8 @@ class SLEObjective(CaptionObjective):
 
     name = "sle"
     config_class = SLEConfig
+    # a sample that no reward scores gets precision advantage 0 (see RLCaptionTrainer.start_rewards)
+    masks_unscored_captions = True
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args, trainer = self.args, self.trainer
@@ -184,7 +189,8 @@ class SLEObjective(CaptionObjective):
         # read (which waits for the samples); then their precision rewards and the distances between the samples of
         # each image, on the tokens the rewards see
         device = samples.sequences.device
-        log_probs = sample_token_log_probs(model, image_inputs_of(inputs), samples.sequences, image_index=sample_index)
+        image_inputs = image_inputs_of(inputs)
+        log_probs = sample_token_log_probs(model, image_inputs, samples.sequences, image_index=sample_index)
         pending_rewards = start_sample_rewards(trainer, inputs, samples, num_samples)
         pending_greedy = start_greedy_rewards(trainer, inputs, greedy)
         distances = np.stack(
@@ -216,4 +222,7 @@ class SLEObjective(CaptionObjective):
         trainer.record_metric("diversity_advantage_std", diversity.std())
         trainer.record_metric("advantage_std", advantages.std())
         trainer.record_metric("sample_length", mask.sum(dim=1).mean())
+        if args.beta > 0:
+            # 4. KL penalty to the starting policy, on the same samples
+            loss = loss + kl_penalty(trainer, image_inputs, samples.sequences, log_probs, mask, sample_index)
         return loss

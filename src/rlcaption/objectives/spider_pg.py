@@ -548,7 +548,8 @@ class SpiderPGObjective(CaptionObjective):
             raise ValueError(
                 f"The spider_pg objective needs a recurrent captioner with {missing} (Monte-Carlo rollouts from the "
                 f"LSTM state, and the hidden states its baseline reads); {type(model).__name__} lacks them. Use "
-                "rlcaption.models.ShowTellRL, or the `scst` objective for other models."
+                "rlcaption.models.ShowTellRL, or the `scst`, `sle` or `wtf` objective for other models (transformers "
+                "captioners such as Florence-2 or PaliGemma)."
             )
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         self.pad_token_id = tokenizer.pad_token_id

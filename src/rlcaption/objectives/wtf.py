@@ -72,6 +72,7 @@ from ..generation.decoding import caption_token_mask, image_inputs_of, sample_to
 from ..rewards.contrastive import ContrastiveReward, ContrastiveRewards
 from ..rl_config import RLCaptionConfig
 from .base import AuxiliaryNetwork, CaptionObjective, TrainingPhase, register_objective, to_device_without_waiting
+from .policy_gradient import kl_penalty
 
 __all__ = [
     "DISCRIMINATOR_INPUTS",
@@ -476,6 +477,14 @@ class WTFObjective(CaptionObjective):
             args.loss_normalization,
         )  # fmt: skip
         self._record_rewards(parts, beam_rewards, ground_truth_rewards, policy_loss, beam.sequences)
+        if args.beta > 0:
+            # 5. KL penalty to the starting policy on its beam-search captions, the captions it outputs (the ground
+            # truths are not the policy's): k3 is then a penalty on those captions rather than an unbiased estimate
+            # of the KL, which needs samples
+            if beam_log_probs is None:
+                beam_log_probs = sample_token_log_probs(model, image_inputs, beam.sequences)
+                beam_mask = caption_token_mask(beam.sequences, trainer.eos_token_id)
+            policy_loss = policy_loss + kl_penalty(trainer, image_inputs, beam.sequences, beam_log_probs, beam_mask)
         return policy_loss + discriminator_loss
 
     def discriminator_logits(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,13 @@ from .base import GroupRewardFunc, RewardFunc, group_sizes, is_group_reward, pre
 from .processes import Pending, RewardProcesses, scores_captions_independently
 from .registry import get_reward
 
-__all__ = ["RewardMix"]
+__all__ = ["TRL_ONLY_KEYWORDS", "RewardMix"]
+
+# The keyword arguments `trl.GRPOTrainer` gives its reward functions besides `completions` and the dataset columns.
+# rlcaption's own rewards take them through `**kwargs` and ignore them; the rewards computed in worker processes
+# (`use_processes`, rlcaption's rewards that score each caption on its own) do not receive them, so that the trainer
+# state is not copied to the processes at every step.
+TRL_ONLY_KEYWORDS = ("prompts", "completion_ids", "trainer_state")
 
 
 class RewardMix:
@@ -165,10 +171,15 @@ class RewardMix:
         *,
         completions: Sequence[Sequence[Any]],
         references: Sequence[Sequence[str]] | None = None,
+        completion_columns: Mapping[str, Sequence[Sequence[Any]]] | None = None,
         **image_columns: Any,
     ) -> Pending[tuple[np.ndarray, dict[str, np.ndarray]]]:
         """Scores completions grouped per image, with every image column given once per image. The rewards computed
         in worker processes ([`use_processes`]) run on while the caller goes on; the others are computed now.
+
+        A reward may return `None` for a completion it cannot score, as TRL's rewards do: the value is NaN in its
+        component, left out of the weighted total (the other rewards' weighted values are summed), and a completion
+        that no reward scored has a NaN total, which the caller masks out. A NaN or infinite float is an error.
 
         Group rewards (`is_group_reward`) are called once with the groups, as given. Every other function is called
         as TRL would call it, one row per completion: the completions flattened in group order, each image's
@@ -191,6 +202,8 @@ class RewardMix:
             completions (`Sequence[Sequence[str]]` of length `num_images`): group `i` holds image `i`'s completions;
                 groups may differ in size.
             references (`Sequence[Sequence[str]]` of length `num_images`, *optional*): image `i`'s reference captions.
+            completion_columns (`Mapping[str, Sequence[Sequence[Any]]]`, *optional*): columns with one value per
+                completion, grouped as `completions` (`completion_ids`, `prompts`), passed flat as `completions` is.
             **image_columns: one row per image (`image_id` list, `pixel_values` `(num_images, 3, H, W)`, ...).
 
         Returns:
@@ -230,6 +243,13 @@ class RewardMix:
 
         flat_references = None if references is None else [references[image] for image in image_of]
         repeated, arrays = {}, {}
+        for column, grouped in (completion_columns or {}).items():
+            if group_sizes(grouped) != sizes:
+                raise ValueError(
+                    f"Column {column!r} is not grouped as the completions (groups of {sizes}); pass one value per "
+                    "completion, in the groups of `completions`."
+                )
+            repeated[column] = [value for group in grouped for value in group]
         for column, value in image_columns.items():
             if _is_array(value):
                 arrays[column] = value
@@ -265,8 +285,9 @@ class RewardMix:
                 once_per_pair = once_per_pair or every_row.distinct_pairs(image_of)
                 rows = once_per_pair
             if index in self._in_processes and not reads_arrays:
+                columns = {name: value for name, value in rows.columns.items() if name not in TRL_ONLY_KEYWORDS}
                 submitted = self._processes.submit(
-                    self._in_processes[index], rows.completions, rows.references, **rows.columns
+                    self._in_processes[index], rows.completions, rows.references, **columns
                 )
                 components[name] = Pending(lambda rows=rows, name=name, submitted=submitted: rows.checked(
                     name, submitted.result()
@@ -294,15 +315,21 @@ class RewardMix:
         return Pending(collect)
 
     def _weighted_total(self, components: dict[str, np.ndarray], batch_size: int) -> np.ndarray:
+        # a reward's NaN (it returned None) is left out of the sum, as TRL's `nansum` does; NaN where none scored
         total = np.zeros(batch_size)
+        scored = np.zeros(batch_size, dtype=bool)
         for weight, values in zip(self.weights, components.values(), strict=True):
-            total += weight * values
+            unscored = np.isnan(values)
+            total += np.where(unscored, 0.0, weight * values)
+            scored |= ~unscored
+        total[~scored] = np.nan
         return total
 
-    def __call__(self, **inputs: Any) -> list[float]:
-        """The weighted total as `list[float]`, so a `RewardMix` is itself a reward function."""
+    def __call__(self, **inputs: Any) -> list[float | None]:
+        """The weighted total as `list[float | None]` (`None` where no reward scored the completion), so a
+        `RewardMix` is itself a reward function."""
         total, _ = self.score(**inputs)
-        return total.tolist()
+        return [None if math.isnan(value) else value for value in total.tolist()]
 
     def __repr__(self) -> str:
         terms = ", ".join(f"{weight:g}*{name}" for name, weight in zip(self.names, self.weights, strict=True))
@@ -415,11 +442,16 @@ def _flattened_groups(name: str, grouped: Any, sizes: list[int], label: Callable
 
 
 def _checked_values(name: str, values: Any, count: int, locate: Callable[[int], str]) -> np.ndarray:
-    """A reward's values as a float64 array of shape `(count,)`, refusing a wrong count, non-numbers and NaN/inf.
+    """A reward's values as a float64 array of shape `(count,)`, refusing a wrong count, non-numbers and NaN/inf; a
+    `None` (a completion the reward cannot score, as in TRL) becomes NaN.
 
     `locate(row)` names the completion of a flat row in error messages.
     """
     length = _length(values)
+    unscored = None
+    if length is not None and any(value is None for value in values):
+        unscored = np.array([value is None for value in values])
+        values = [np.nan if value is None else value for value in values]
     if length != count:
         raise ValueError(
             f"Reward function {name!r} returned {length if length is not None else repr(values)} values for {count} "
@@ -436,7 +468,7 @@ def _checked_values(name: str, values: Any, count: int, locate: Callable[[int], 
             f"Reward function {name!r} returned values of shape {array.shape} for {count} completions; a reward must "
             f"return one float per completion, got {list(values)[:5]!r}..."
         )
-    bad = np.flatnonzero(~np.isfinite(array))
+    bad = np.flatnonzero(~np.isfinite(array) & (True if unscored is None else ~unscored))
     if len(bad):
         where = ", ".join(locate(int(row)) for row in bad[:5])
         raise ValueError(

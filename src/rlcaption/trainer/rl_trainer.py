@@ -28,6 +28,14 @@ from ..rewards import Pending, RewardMix, get_reward, is_group_reward, reward_pa
 from ..rl_config import RLCaptionConfig
 from .caption_evaluation import CaptionEvaluationMixin
 from .learning_rate_schedule import captioner_step_schedule
+from .lora import (
+    FrozenEmbeddingsUnderCheckpointing,
+    ReferencePolicy,
+    is_peft_model,
+    merged_model_folder,
+    save_merged_model,
+    with_lora,
+)
 
 __all__ = [
     "AUXILIARY_NETWORKS_NAME",
@@ -136,6 +144,12 @@ _OPTIMIZERS_STEPPING_IN_BACKWARD = {
 }  # fmt: skip
 
 
+def _nan_mean(values: np.ndarray, statistic: Callable[[np.ndarray], float] = np.nanmean) -> float:
+    """`statistic` of the values that are not NaN (a reward's None), NaN when there are none (then left out of the
+    log, see `record_metric`)."""
+    return float(statistic(values)) if not np.isnan(values).all() else float("nan")
+
+
 def _on_the_host(recorded: Mapping[str, list[float | torch.Tensor]]) -> list[tuple[str, list[float]]]:
     """The recorded metrics as floats, the tensors among them copied to the host together, one copy per device."""
     tensors = [value for values in recorded.values() for value in values if isinstance(value, torch.Tensor)]
@@ -195,9 +209,14 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             if kwargs.get(name) is not None:
                 raise ValueError(f"RLCaptionTrainer does not take {name}: {reason}.")
         objective_class = get_objective_class(args.objective)  # fails early on an unknown name
+        if args.use_peft:
+            model = with_lora(model, args)
         # The model's start and end tokens, not the tokenizer's (a BERT tokenizer has neither; BLIP starts with its
         # own bos); refuses a model it cannot caption with, naming what is missing.
-        caption_tokens = captioner_for(model).tokens
+        captioner = captioner_for(model)
+        caption_tokens = captioner.tokens
+        # a prompted family's default prompt, or args.prompt; refused for a family that takes none
+        prompt = captioner.prompt_text(processing_class, args.prompt)
         if data_collator is None:
             data_collator = CaptionCollator(
                 processing_class,
@@ -205,6 +224,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
                 # the start token, then at most as many tokens as decoding generates (the end token included)
                 max_length=args.max_caption_length + 1,
                 caption_tokens=caption_tokens,
+                prompt=prompt,
             )
         super().__init__(
             model=model,
@@ -227,6 +247,8 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         if objective_class.uses_rewards:
             self.reward_mix = self._build_reward_mix(reward_funcs, train_dataset)
         self.objective = objective_class(self)
+        # the starting policy, for the KL penalty: taken now, before a resumed run loads its checkpoint
+        self.reference_policy = ReferencePolicy(self.unwrap_model(self.model)) if args.beta > 0 else None
         self._auxiliary_networks = self._checked_auxiliary_networks(self.objective.auxiliary_networks())
         self._wrapped_auxiliary_networks: dict[str, nn.Module] = {}
         # under FSDP the auxiliary networks are replicated beside the sharded captioner, with their own optimizer
@@ -240,6 +262,8 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
                 )
         if self._auxiliary_networks:
             self.add_callback(_AuxiliaryNetworksStep(self))
+        if is_peft_model(self.unwrap_model(self.model)):
+            self.add_callback(FrozenEmbeddingsUnderCheckpointing())
 
     # ------------------------------------------------------------------ auxiliary networks
     def _checked_auxiliary_networks(self, networks: Mapping[str, AuxiliaryNetwork]) -> dict[str, AuxiliaryNetwork]:
@@ -369,6 +393,7 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         inputs: Mapping[str, Any],
         row_index: Sequence[int],
         log_prefix: str = "reward",
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> Pending[np.ndarray]:
         """
         Starts scoring captions with the weighted reward mix; each reward's mean and std are recorded with the
@@ -376,13 +401,21 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         e.g. with the forward pass that scores the samples; the others are computed now.
 
         The captions are grouped by image: set-level rewards (`score_groups`) see every image's captions together and
-        each image's columns once; per-caption rewards see one row per caption.
+        each image's columns once; per-caption rewards see one row per caption, with the keyword arguments
+        `trl.GRPOTrainer` gives its reward functions, so that a reward written for TRL, `reward(prompts, completions,
+        completion_ids, **kwargs)`, runs unchanged: `prompts` (the batch's `prompt` column, else empty strings: a
+        captioner's prompt is its image), `completions`, `completion_ids`, `trainer_state` and the dataset columns.
+        A reward may return `None` for a caption it cannot score (see [`RewardMix.submit_groups`]); a caption no
+        reward scored gets a NaN total, which the objectives that declare `masks_unscored_captions` mask out, as TRL
+        does (its advantage is 0, and it is left out of its image's baseline); the others stop with an error.
 
         Args:
             completions: decoded captions, `N` of them, in any order.
             inputs: the collated batch; its `references` and per-image columns (`image_id`, extra dataset columns,
                 image tensors) reach the reward functions as keyword arguments.
             row_index: for each caption, the row of its image in the batch.
+            completion_ids: each caption's token ids after its start token, up to its end token included (TRL's
+                `completion_ids`); `None` when the caller has no token ids (then empty lists).
 
         Captions scored under the default `log_prefix`, the samples, are shown at the next training log with
         `args.log_completions`.
@@ -400,18 +433,36 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         groups: list[list[int]] = [[] for _ in rows]
         for caption, row in enumerate(row_index):
             groups[position[row]].append(caption)
+        prompt_column = inputs.get("prompt")
+        prompts = prompt_column if isinstance(prompt_column, list) else [""] * len(inputs["references"])
         scores = self.reward_mix.submit_groups(
             completions=[[completions[caption] for caption in group] for group in groups],
             references=[inputs["references"][row] for row in rows],
+            completion_columns={
+                "prompts": [[prompts[row]] * len(group) for group, row in zip(groups, rows, strict=True)],
+                "completion_ids": [
+                    [[] if completion_ids is None else list(completion_ids[caption]) for caption in group]
+                    for group in groups
+                ],
+            },
+            trainer_state=self.state,
             **self._image_columns(inputs, rows),
         )
 
         def collect() -> np.ndarray:
             totals, components = scores.result()
             for name, values in components.items():
-                self.record_metric(f"{log_prefix}/{name}/mean", float(np.mean(values)))
-                self.record_metric(f"{log_prefix}/{name}/std", float(np.std(values)))
-            self.record_metric(log_prefix, float(np.mean(totals)))
+                self.record_metric(f"{log_prefix}/{name}/mean", _nan_mean(values))
+                self.record_metric(f"{log_prefix}/{name}/std", _nan_mean(values, np.nanstd))
+            self.record_metric(log_prefix, _nan_mean(totals))
+            unscored = np.flatnonzero(np.isnan(totals))  # in group order
+            if len(unscored) and not getattr(self.objective, "masks_unscored_captions", False):
+                in_group_order = [caption for group in groups for caption in group]
+                raise ValueError(
+                    f"No reward scored {len(unscored)} caption(s) (every reward returned None), e.g. "
+                    f"{completions[in_group_order[unscored[0]]]!r}; the {self.args.objective!r} objective cannot "
+                    "leave a caption out of its loss: return a float for it."
+                )
             if log_prefix == "reward" and self.args.log_completions:
                 self._keep_completions(groups, rows, completions, inputs, totals, components)
             rewards = np.empty(len(completions), dtype=np.float64)
@@ -528,6 +579,16 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
             do_sample=False, num_beams=num_beams, max_new_tokens=self.args.max_caption_length
         )
         return generate_captions(self._generation_model(), self.processing_class, image_inputs, beam_search)
+
+    def reference_token_log_probs(
+        self, image_inputs: Mapping[str, torch.Tensor], sequences: torch.LongTensor, image_index=None
+    ) -> torch.FloatTensor:
+        """The starting policy's log-probabilities of the tokens of `sequences`, without gradient, for the KL penalty
+        (`args.beta` > 0); arguments and shape as in [`rlcaption.generation.decoding.sample_token_log_probs`]."""
+        if self.reference_policy is None:
+            raise RuntimeError("The reference policy is kept for the KL penalty only; this run has beta=0.")
+        model = self.unwrap_model(self.model)
+        return self.reference_policy.token_log_probs(model, image_inputs, sequences, image_index=image_index)
 
     # ------------------------------------------------------------------ optimizer
     def create_optimizer(self, model=None):
@@ -750,6 +811,9 @@ class RLCaptionTrainer(CaptionEvaluationMixin, Trainer):
         if self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
             self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))
         super().save_model(output_dir, _internal_call)
+        model = self.unwrap_model(self.model)
+        if self.args.save_merged_model and not _internal_call and self.args.should_save and is_peft_model(model):
+            save_merged_model(model, merged_model_folder(output_dir or self.args.output_dir), self.processing_class)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         # Under FSDP the state dict is gathered from the shards (full or sharded checkpoints alike) and lacks a network

@@ -36,6 +36,11 @@ class ShowTellRLConfig(ImageEncoderConfigMixin, PretrainedConfig):
             `max_caption_length`. The generation config's `max_length`, which counts `<bos>` too, is this + 1.
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of linear and embedding weights.
+        image_feature_extractor (`dict`, *optional*):
+            With precomputed `"features"`: what extracted them, as `rlcaption extract-features` records it in its
+            manifest (`model`, the backbone's Hub id or folder; `image_processor`, its settings; `pooling`; `layout`;
+            `feature_shape`). `rlcaption caption` and [`rlcaption.inference.caption_image_files`] run that backbone
+            over new photos. `None` for features with no such record (region features, which need a detector).
         pad_token_id (`int`, *optional*, defaults to 0), bos_token_id (`int`, *optional*, defaults to 1),
         eos_token_id (`int`, *optional*, defaults to 2):
             Special token ids; the defaults are those of [`CaptionProcessor`].
@@ -65,6 +70,7 @@ class ShowTellRLConfig(ImageEncoderConfigMixin, PretrainedConfig):
         image_attention: bool = False,
         max_caption_length: int = 20,
         initializer_range: float = 0.02,
+        image_feature_extractor: dict | None = None,
         pad_token_id: int = 0,
         bos_token_id: int = 1,
         eos_token_id: int = 2,
@@ -79,6 +85,7 @@ class ShowTellRLConfig(ImageEncoderConfigMixin, PretrainedConfig):
         self.image_attention = image_attention
         self.max_caption_length = max_caption_length
         self.initializer_range = initializer_range
+        self.image_feature_extractor = image_feature_extractor
         # the output projection (hidden_size wide) cannot share the word embeddings (word_embedding_size wide)
         kwargs["tie_word_embeddings"] = False
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)

@@ -497,7 +497,9 @@ def image_encoder_arguments(
     if isinstance(encoder, PrecomputedFeatureEncoder):
         if image_features is None:
             raise ValueError(
-                "This image encoder reads precomputed features (encoder_type='features'): pass image_features."
+                "This image encoder reads precomputed features (encoder_type='features'): pass image_features. To "
+                "caption photos, use `rlcaption caption` or `rlcaption.inference.caption_image_files`, which run the "
+                "backbone the features were extracted with (the config's image_feature_extractor)."
             )
         return image_features.to(dtype), image_feature_mask
     encoder_type = "cnn" if isinstance(encoder, ConvImageEncoder) else "backbone"

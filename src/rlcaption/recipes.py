@@ -27,7 +27,7 @@ from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoPr
 from . import auto as _auto  # noqa: F401  (registers our Auto classes, so AutoProcessor finds ours)
 from .data import check_dataset_images, load_caption_dataset
 from .data.features import read_feature_extractor
-from .data.loading import saved_dataset_folder
+from .data.loading import load_saved_dataset
 from .hub import check_pretrained_reference, publish_folder, render_model_card
 from .inference import check_features_match_model
 from .metrics.tokenization import normalize_caption
@@ -416,7 +416,7 @@ def load_features_dataset(folder: str) -> datasets.DatasetDict:
             f"--image_features {folder}: no such folder. Name an `rlcaption extract-features` output folder or a "
             "dataset saved with save_to_disk."
         )
-    dataset = datasets.load_from_disk(saved_dataset_folder(folder))
+    dataset = load_saved_dataset(folder)
     if "train" not in dataset or "image_features" not in dataset["train"].column_names:
         raise ValueError(
             f"--image_features {folder}: expected a dataset with a `train` split and an `image_features` column, got "

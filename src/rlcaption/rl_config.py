@@ -331,7 +331,7 @@ class RLCaptionConfig(TrainingArguments):
             )
         # Pinned memory and copies that do not block serve a GPU. On the CPU (`use_cpu`, or no GPU at all) pinning
         # finds no accelerator, and `non_blocking` without pinned memory draws a Trainer warning at every run.
-        copies_to_a_gpu = not self.use_cpu and torch.cuda.is_available()
+        copies_to_a_gpu = _batches_go_to_a_gpu(self.use_cpu)
         if not copies_to_a_gpu:
             self.dataloader_pin_memory = False
         if self.accelerator_config is None:
@@ -432,6 +432,11 @@ class RLCaptionConfig(TrainingArguments):
                 "save_merged_model=True merges LoRA adapters into the base weights, but use_peft is False: set "
                 "--use_peft, or leave save_merged_model unset (a model trained whole is saved whole)."
             )
+
+
+def _batches_go_to_a_gpu(use_cpu: bool) -> bool:
+    """Whether training batches will be copied to a GPU: one is present and `use_cpu` does not keep them off it."""
+    return not use_cpu and torch.cuda.is_available()
 
 
 def _registered_class_of(config_class: type[RLCaptionConfig]) -> type[RLCaptionConfig]:

@@ -78,12 +78,15 @@ class FakeTrainer:
         self.record_metric(log_prefix, float(rewards.mean()))
         return rewards
 
-    def start_rewards(self, completions, inputs, row_index, log_prefix="reward"):
+    def start_rewards(self, completions, inputs, row_index, log_prefix="reward", completion_ids=None):
         # computed and logged only when the objective asks for the result, as rewards in worker processes are
         return Pending(lambda: self.compute_rewards(completions, inputs, row_index, log_prefix))
 
     def record_metric(self, name, value):
         self.metrics[name].append(value)
+
+    def reference_token_log_probs(self, image_inputs, sequences, image_index=None):  # the KL penalty's: beta is 0 here
+        raise NotImplementedError
 
     def auxiliary_network(self, name):
         return self.objective.auxiliary_networks()[name].module

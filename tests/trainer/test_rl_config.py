@@ -41,11 +41,19 @@ def test_defaults_keep_dataset_columns_and_run_offline(tmp_path):
     assert config.report_to in ([], "none", ["none"])
 
 
-def test_batches_reach_the_gpu_without_blocking_unless_the_accelerator_config_says_otherwise(tmp_path):
+def test_batches_reach_the_gpu_without_blocking_unless_the_accelerator_config_says_otherwise(tmp_path, monkeypatch):
     # a blocking copy to the GPU waits for the previous step's work; pinned batches copy without it
+    monkeypatch.setattr("rlcaption.rl_config._batches_go_to_a_gpu", lambda use_cpu: not use_cpu)
     config = RLCaptionConfig(output_dir=str(tmp_path))  # not use_cpu, which turns pinned memory off
     assert config.accelerator_config.non_blocking is True and config.dataloader_pin_memory is True
     assert make_config(tmp_path, accelerator_config={"split_batches": False}).accelerator_config.non_blocking is False
+
+
+def test_without_a_gpu_batches_are_neither_pinned_nor_copied_without_blocking(tmp_path, monkeypatch):
+    # pinned memory needs an accelerator, and non_blocking without it draws a warning from the Trainer at every run
+    monkeypatch.setattr("rlcaption.rl_config._batches_go_to_a_gpu", lambda use_cpu: False)
+    config = RLCaptionConfig(output_dir=str(tmp_path))
+    assert config.accelerator_config.non_blocking is False and config.dataloader_pin_memory is False
 
 
 @pytest.mark.parametrize(

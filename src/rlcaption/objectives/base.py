@@ -122,9 +122,24 @@ class TrainerInterface(Protocol):
         """The weighted reward of each caption for the image of its batch row, `(len(completions),)`."""
 
     def start_rewards(
-        self, completions: list[str], inputs: Mapping[str, Any], row_index: Sequence[int], log_prefix: str = "reward"
+        self,
+        completions: list[str],
+        inputs: Mapping[str, Any],
+        row_index: Sequence[int],
+        log_prefix: str = "reward",
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> Pending[np.ndarray]:
-        """`compute_rewards`, its rewards in worker processes still running: `result()` waits for them."""
+        """`compute_rewards`, its rewards in worker processes still running: `result()` waits for them.
+        `completion_ids`, each caption's tokens, reach the rewards written for TRL."""
+
+    def reference_token_log_probs(
+        self,
+        image_inputs: Mapping[str, torch.Tensor],
+        sequences: torch.LongTensor,
+        image_index: torch.LongTensor | None = None,
+    ) -> torch.FloatTensor:
+        """The starting policy's log-probabilities of the tokens of `sequences`, without gradient, `(N, T - 1)`: the
+        reference of the KL penalty (`args.beta` > 0)."""
 
     def record_metric(self, name: str, value: float | torch.Tensor) -> None:
         """Adds a scalar (a float, or a one-element tensor read at the log) to the next training log, averaged over

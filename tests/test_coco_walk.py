@@ -16,6 +16,7 @@ from transformers import AutoImageProcessor, ConvNextImageProcessor, ResNetConfi
 from rlcaption import ShowTellRL
 from rlcaption.cli import _warn_if_captions_are_mostly_empty, main
 from rlcaption.data import load_karpathy
+from rlcaption.data.loading import save_dataset_referencing_images
 from rlcaption.inference import caption_image_files, load_captioner, load_image_feature_extractor
 from rlcaption.processing import CaptionProcessor
 from rlcaption.recipes import (
@@ -75,9 +76,13 @@ def coco(tmp_path_factory):
 
 def test_from_a_karpathy_file_to_captions_of_a_new_photo(coco, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(coco)  # the commands of docs/coco.md, with their relative paths
-    load_karpathy("dataset_coco.json", "coco").save_to_disk("data/coco")
+    save_dataset_referencing_images(load_karpathy("dataset_coco.json", "coco"), "data/coco")
     arguments = ["--dataset", "data/coco", "--model", "resnet", "--pooling", "none"]
     assert main(["extract-features", *arguments, "--output-dir", "features/coco"]) == 0
+    # the features once, in `dataset/`, beside references to the JPEGs rather than copies of them
+    assert [path.name for path in Path("features/coco/shards").iterdir()] == ["manifest.json"]
+    stored = b"".join(path.read_bytes() for path in Path("features/coco").rglob("*.arrow"))
+    assert not any(photo.read_bytes() in stored for photo in Path("coco/val2014").iterdir())
     _train_xe_main()(
         ["--image_features", "features/coco", "--output_dir", str(tmp_path / "xe-coco"), "--hidden_size", "16",
          "--max_steps", "3", "--per_device_train_batch_size", "2", "--eval_strategy", "no", "--save_strategy", "no",

@@ -4,8 +4,10 @@ or its grid of features.
 Training on precomputed features (the `image_features` column) skips the image encoder at every step, as most RL
 captioning work does (bottom-up or CNN features extracted once). Extraction is batched, shows a progress bar and is
 resumable: features are written in shards, each atomically (a temporary file renamed into place), so a rerun after an
-interruption computes only the missing shards. Released region features (bottom-up attention) are read by
-`rlcaption.data.regions` instead.
+interruption computes only the missing shards. Once a split's shards are complete they are converted into its Arrow
+folder in `dataset/` and deleted, so a finished extraction holds its features once; its images are referenced, not
+copied, when they are files (see [`rlcaption.data.image_references`]). Released region features (bottom-up
+attention) are read by `rlcaption.data.regions` instead.
 
 Layout of `output_dir`:
 
@@ -14,10 +16,14 @@ output_dir/
   shards/manifest.json        model (a local folder as its absolute path), pooling, shard size, split sizes: a
                               rerun with other settings is refused; the backbone's image processor settings and
                               `feature_shape`, the shape of one image's features, once extraction has started
-                              (written only once the backbone has loaded, so a mistyped --model locks nothing)
+                              (written only once the backbone has loaded, so a mistyped --model locks nothing);
+                              `splits_in_dataset`, the splits converted into `dataset/`
   shards/<split>/shard-00000.npy   float32 array of shape (rows in shard, feature size) when pooled, or
-                              (rows in shard, num positions, feature size) with pooling "none"
-  dataset/                    the DatasetDict with the `image_features` column (`datasets.load_from_disk`)
+                              (rows in shard, num positions, feature size) with pooling "none"; only while the
+                              split is being extracted
+  dataset/                    the DatasetDict with the `image_features` column
+                              ([`rlcaption.data.loading.load_saved_dataset`]); `dataset/<split>/image_references.json`
+                              records the folder its image paths are relative to
 ```
 """
 
@@ -42,7 +48,9 @@ from transformers import AutoImageProcessor, AutoModel
 from ..hub import check_pretrained_reference
 from ..models.show_tell_rl.encoders import POOLING_MODES, pool_image_features
 from ..shapes.dataset import load_shapes, save_dataset_atomically
+from .image_references import image_root, with_image_paths_relative_to, write_image_references
 from .images import convert_to_rgb
+from .loading import load_saved_dataset
 
 __all__ = [
     "ImageFeatureExtractor",
@@ -253,9 +261,9 @@ def extract_features(
 
     Returns:
         `datasets.DatasetDict`: the processed splits with all their columns plus `image_features`, also saved in
-        `output_dir/dataset`: a list of `float32` of the backbone's feature size per image, or with
-        `pooling="none"` an `Array2D` of shape `(num_positions, feature_size)` (also recorded as `feature_shape` in
-        `output_dir/shards/manifest.json`).
+        `output_dir/dataset` (image files referenced rather than copied, see the module docstring): a list of
+        `float32` of the backbone's feature size per image, or with `pooling="none"` an `Array2D` of shape
+        `(num_positions, feature_size)` (also recorded as `feature_shape` in `output_dir/shards/manifest.json`).
     """
     if batch_size < 1 or shard_size < 1:
         raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}.")
@@ -284,9 +292,16 @@ def extract_features(
     def shard_path(name: str, index: int) -> Path:
         return shards_dir / name / f"shard-{index:05d}.npy"
 
+    result_path = output_dir / "dataset"
+    stored = {
+        name
+        for name in manifest.get("splits_in_dataset", [])
+        if name in dataset_dict and (result_path / name).is_dir()
+    }
     todo = [
         (name, index)
         for name, split_dataset in dataset_dict.items()
+        if name not in stored
         for index in range(math.ceil(split_dataset.num_rows / shard_size))
         if not shard_path(name, index).is_file()
     ]
@@ -308,24 +323,62 @@ def extract_features(
                 _record_feature_shape(shards_dir, shard_path(name, index), features.shape[1:])
                 _write_atomically(shard_path(name, index), lambda file, array=features: np.save(file, array))
 
-    result_path = output_dir / "dataset"
     cache_dir = Path(tempfile.mkdtemp(prefix=".features-cache-", dir=output_dir))
     try:
-        with_features = {}
         for name, split_dataset in dataset_dict.items():
-            num_shards = math.ceil(split_dataset.num_rows / shard_size)
-            shard_paths = [shard_path(name, index) for index in range(num_shards)]
-            features = _features_dataset(shard_paths, split_dataset.num_rows, cache_dir / name)
-            if FEATURES_COLUMN in split_dataset.column_names:
-                split_dataset = split_dataset.remove_columns(FEATURES_COLUMN)
-            with_features[name] = datasets.concatenate_datasets([split_dataset, features], axis=1, split=name)
-        if result_path.exists():
-            # Shards are the source of truth; a previous result may predate them (e.g. another split selection).
-            shutil.rmtree(result_path)
-        save_dataset_atomically(datasets.DatasetDict(with_features), result_path)
+            if name not in stored:
+                num_shards = math.ceil(split_dataset.num_rows / shard_size)
+                shard_paths = [shard_path(name, index) for index in range(num_shards)]
+                _store_split(split_dataset, shard_paths, result_path / name, cache_dir / name)
+                _record_split_in_dataset(shards_dir, name)
+            # the features are in `dataset/` now: their shards would be a second copy (left by an interruption here)
+            shutil.rmtree(shards_dir / name, ignore_errors=True)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
-    return datasets.load_from_disk(str(result_path))
+    _write_split_list(result_path, dataset_dict)
+    saved = load_saved_dataset(result_path)
+    return datasets.DatasetDict({name: saved[name] for name in dataset_dict})
+
+
+def _store_split(
+    split_dataset: datasets.Dataset, shard_paths: list[Path], split_folder: Path, cache_dir: Path
+) -> None:
+    """Save `split_dataset` with the features of its shards in `split_folder`, its images referenced where they are
+    files (their paths, relative to a root recorded beside them) rather than copied."""
+    features = _features_dataset(shard_paths, split_dataset.num_rows, cache_dir)
+    if FEATURES_COLUMN in split_dataset.column_names:
+        split_dataset = split_dataset.remove_columns(FEATURES_COLUMN)
+    root = image_root(split_dataset) if "image" in split_dataset.column_names else None
+    if root is not None:
+        split_dataset = with_image_paths_relative_to(split_dataset, root)
+    with_features = datasets.concatenate_datasets([split_dataset, features], axis=1, split=split_dataset.split)
+    if split_folder.exists():
+        # an earlier version's copy, or one an interruption left unrecorded: the shards are the source of truth
+        shutil.rmtree(split_folder)
+    save_dataset_atomically(with_features, split_folder)
+    if root is not None:
+        write_image_references(split_folder, root)
+
+
+def _record_split_in_dataset(shards_dir: Path, name: str) -> None:
+    """Mark split `name` as saved in `dataset/`, so that its shards can go and a rerun skips it."""
+    manifest = json.loads((shards_dir / "manifest.json").read_text(encoding="utf-8"))
+    in_dataset = manifest.get("splits_in_dataset", [])
+    _write_manifest(
+        shards_dir, {**manifest, "splits_in_dataset": [*in_dataset, name] if name not in in_dataset else in_dataset}
+    )
+
+
+def _write_split_list(result_path: Path, dataset_dict: datasets.DatasetDict) -> None:
+    """Write the `dataset_dict.json` that makes `result_path` a `DatasetDict` of the splits saved in it: the ones
+    extracted now and any of earlier runs (each split is saved in its own folder, as `DatasetDict.save_to_disk`
+    lays them out)."""
+    list_path = result_path / datasets.config.DATASETDICT_JSON_FILENAME
+    listed = json.loads(list_path.read_text(encoding="utf-8"))["splits"] if list_path.is_file() else []
+    splits = [name for name in listed if (result_path / name).is_dir()]
+    splits += [name for name in dataset_dict if name not in splits]
+    encoded = json.dumps({"splits": splits}).encode("utf-8")
+    _write_atomically(list_path, lambda file: file.write(encoded))
 
 
 def read_feature_extractor(folder: str | os.PathLike) -> dict | None:
@@ -420,7 +473,7 @@ def run_extract_features(args: argparse.Namespace) -> datasets.DatasetDict:
     if args.dataset == "shapes":
         dataset = load_shapes()
     elif os.path.isdir(args.dataset):
-        dataset = datasets.load_from_disk(args.dataset)
+        dataset = load_saved_dataset(args.dataset)
     else:
         raise FileNotFoundError(
             f"--dataset {args.dataset!r} is neither `shapes` nor a folder written by `save_to_disk`."
@@ -436,5 +489,8 @@ def run_extract_features(args: argparse.Namespace) -> datasets.DatasetDict:
         pooling=args.pooling,
     )
     result_path = Path(args.output_dir) / "dataset"
-    print(f"Saved {dict(result.num_rows)} rows with image_features to {result_path}; load with load_from_disk.")
+    print(
+        f"Saved {dict(result.num_rows)} rows with image_features to {result_path}; name {args.output_dir} as "
+        "--image_features or --dataset, or load it with rlcaption.data.loading.load_saved_dataset."
+    )
     return result

@@ -11,8 +11,14 @@ import datasets
 from ..shapes.dataset import load_shapes
 from .coco import load_caption_imagefolder
 from .image_checks import check_dataset_images
+from .image_references import (
+    image_root,
+    resolve_image_references,
+    with_image_paths_relative_to,
+    write_image_references,
+)
 
-__all__ = ["load_caption_dataset", "saved_dataset_folder"]
+__all__ = ["load_caption_dataset", "load_saved_dataset", "save_dataset_referencing_images", "saved_dataset_folder"]
 
 _REQUIRED_COLUMNS = ("captions",)
 _IMAGE_COLUMNS = ("image", "pixel_values", "image_features")
@@ -54,7 +60,7 @@ def load_caption_dataset(
                 f"{datasets.config.DATASETDICT_JSON_FILENAME}), so it was read as a folder of images: {error}"
             ) from error
     if os.path.isdir(name_or_path):
-        dataset = datasets.load_from_disk(name_or_path)
+        dataset = load_saved_dataset(name_or_path)
     elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/", "~")):
         raise FileNotFoundError(
             f"Dataset {name_or_path!r} is not a folder written by `save_to_disk`; pass such a folder, `shapes`, "
@@ -74,6 +80,56 @@ def load_caption_dataset(
     if verify_images or skip_unreadable_images:
         dataset = check_dataset_images(dataset, skip_unreadable_images)
     return dataset
+
+
+def load_saved_dataset(folder: str | os.PathLike) -> datasets.Dataset | datasets.DatasetDict:
+    """
+    `datasets.load_from_disk` of `folder` (of its `dataset/` for an `rlcaption extract-features` output folder), with
+    the images of splits saved by reference ([`save_dataset_referencing_images`], `extract-features`) as a
+    `datasets.Image` column of their files. Folders written by `save_to_disk` load as it loads them.
+    """
+    folder = saved_dataset_folder(str(folder))
+    dataset = datasets.load_from_disk(folder)
+    if isinstance(dataset, datasets.DatasetDict):
+        return datasets.DatasetDict(
+            {name: resolve_image_references(split, os.path.join(folder, name)) for name, split in dataset.items()}
+        )
+    return resolve_image_references(dataset, folder)
+
+
+def save_dataset_referencing_images(
+    dataset: datasets.Dataset | datasets.DatasetDict, folder: str | os.PathLike
+) -> None:
+    """
+    `dataset.save_to_disk(folder)` without a copy of the image files: each split keeps its images' paths relative to
+    their common folder, recorded beside it (`image_references.json`), and [`load_saved_dataset`] (so every
+    `--dataset` and `extract-features`) reads the files from there. A saved COCO takes a few MB instead of 19 GB; the
+    image files must stay where they are.
+
+    Args:
+        dataset (`datasets.DatasetDict` or `datasets.Dataset`): with an `image` column of files, as
+            [`rlcaption.data.load_karpathy`], `load_coco` and `load_caption_imagefolder` return.
+        folder (`str` or `os.PathLike`): where to save it.
+
+    Raises:
+        `ValueError`: if a split has no `image` column of files (images held as bytes: use `save_to_disk`).
+    """
+    splits = dataset if isinstance(dataset, datasets.DatasetDict) else {None: dataset}
+    roots = {name: image_root(split) for name, split in splits.items()}
+    for name, root in roots.items():
+        if root is None:
+            raise ValueError(
+                f"Split {name or splits[name].split} has no `image` column of image files (its images are held as "
+                "bytes, or it has none), so there is nothing to reference; save it with `save_to_disk`."
+            )
+    referencing = {name: with_image_paths_relative_to(split, roots[name]) for name, split in splits.items()}
+    if isinstance(dataset, datasets.DatasetDict):
+        datasets.DatasetDict(referencing).save_to_disk(str(folder))
+        for name, root in roots.items():
+            write_image_references(os.path.join(folder, name), root)
+    else:
+        referencing[None].save_to_disk(str(folder))
+        write_image_references(folder, roots[None])
 
 
 def saved_dataset_folder(folder: str) -> str:

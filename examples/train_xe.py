@@ -35,7 +35,7 @@ but the shapes one (Karpathy's COCO preprocessing, about 9.5k words), 1 on shape
 import functools
 from dataclasses import dataclass, field
 
-from rlcaption.processing import CaptionProcessor
+from rlcaption.processing import CaptionProcessor, image_processor_of_extractor
 from rlcaption.recipes import (
     RecipeArguments,
     dataset_name,
@@ -190,6 +190,9 @@ def main(argv=None):
     image_encoder = new_image_encoder_fields(
         script_args.image_features, script_args.vision_model, script_args.train_vision_model, script_args.cnn_channels
     )
+    if "image_feature_extractor" in image_encoder:
+        # photos reach a captioner of features as the pixels of the backbone that extracted them, which it runs
+        processor.image_processor = image_processor_of_extractor(image_encoder["image_feature_extractor"])
     model = new_show_tell_rl(
         processor, script_args.image_size, script_args.cnn_channels, script_args.hidden_size,
         image_attention=script_args.image_attention, dropout=script_args.dropout,

@@ -1,6 +1,7 @@
 """The COCO path of docs/coco.md walked on a handful of JPEGs: a Karpathy split file, a local backbone,
-`rlcaption extract-features`, `train_xe.py --image_features`, `rlcaption caption` on a photo outside the dataset and
-`rlcaption evaluate --dataset <features folder>`, with the commands the page gives."""
+`rlcaption extract-features`, `train_xe.py --image_features`, `rlcaption caption` and transformers'
+`image-text-to-text` pipeline on a photo outside the dataset, and `rlcaption evaluate --dataset <features folder>`,
+with the commands the page gives."""
 
 import importlib.util
 import json
@@ -11,13 +12,13 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict
 from PIL import Image
-from transformers import AutoImageProcessor, ConvNextImageProcessor, ResNetConfig, ResNetModel
+from transformers import AutoImageProcessor, ConvNextImageProcessor, ResNetConfig, ResNetModel, pipeline
 
 from rlcaption import ShowTellRL
 from rlcaption.cli import _warn_if_captions_are_mostly_empty, main
 from rlcaption.data import load_karpathy
 from rlcaption.data.loading import save_dataset_referencing_images
-from rlcaption.inference import caption_image_files, load_captioner, load_image_feature_extractor
+from rlcaption.inference import caption_image_files, load_captioner
 from rlcaption.processing import CaptionProcessor
 from rlcaption.recipes import (
     check_features_match_model,
@@ -105,6 +106,12 @@ def test_from_a_karpathy_file_to_captions_of_a_new_photo(coco, tmp_path, monkeyp
         grid = feature_map.last_hidden_state.flatten(2).transpose(1, 2)  # (1, H * W, C)
         tokens = model.generate(image_features=grid, num_beams=2, max_length=21)
     assert printed_caption == processor.batch_decode(tokens, skip_special_tokens=True)[0]
+    # and through transformers' pipeline, which runs the checkpoint's processor and model as they are saved
+    captioner = pipeline("image-text-to-text", model=str(tmp_path / "xe-coco"))
+    [output] = captioner(
+        images=Image.open("new_photo.jpg"), text="", generate_kwargs={"num_beams": 2, "max_length": 21}
+    )
+    assert printed_caption and output["generated_text"] == printed_caption
 
     # the features folder named as the recipes name it
     arguments = ["--model", str(tmp_path / "xe-coco"), "--dataset", "features/coco", "--metrics", "cider", "bleu"]
@@ -141,11 +148,12 @@ def test_a_captioner_of_region_features_says_a_detector_is_needed(tmp_path):
 
     model = regions_show_tell(image_attention=True)
     with pytest.raises(ValueError, match="need an object detector.*image_features=.*image_feature_mask"):
-        load_image_feature_extractor(model)
+        model.generate(pixel_values=torch.zeros(1, 3, 8, 8))
     photo = tmp_path / "photo.jpg"
     _photo(photo, "red", seed=0)
+    processor = CaptionProcessor.from_captions(["a red box"], image_size=8)
     with pytest.raises(ValueError, match="object detector"):
-        caption_image_files(model, None, [str(photo)])
+        caption_image_files(model, processor, [str(photo)])
 
 
 def test_published_checkpoints_without_the_record_still_load_and_caption(tmp_path):

@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from peft import PeftModel
 from PIL import Image
 
 from rlcaption import CaptionProcessor, ShowTellRL, VisualSemanticEmbedding
 from rlcaption.data import load_shapes
 from tiny_captioners import make_foreign_captioner
+from tiny_vlms import make_tiny_vlm
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -90,6 +92,26 @@ def test_scst_recipe_fine_tunes_a_foreign_captioner_under_accelerate_and_resumes
     assert f"Resuming from {output_dir / 'checkpoint-1'}" in printed
     state = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
+
+
+def test_scst_recipe_fine_tunes_florence_2_by_folder_with_lora_and_a_kl_leash(tmp_path):
+    model, processor = make_tiny_vlm("florence2")
+    model.save_pretrained(tmp_path / "florence2")
+    processor.save_pretrained(tmp_path / "florence2")
+    output_dir = tmp_path / "scst"
+    run_recipe(
+        "train_scst.py", "--model_name_or_path", str(tmp_path / "florence2"), "--output_dir", str(output_dir),
+        "--use_cpu", "--num_train_images", "8", "--num_validation_images", "4", "--num_test_images", "4",
+        "--per_device_train_batch_size", "4", "--num_samples_per_image", "2", "--max_caption_length", "8",
+        "--max_steps", "2", "--use_peft", "--lora_r", "4", "--beta", "0.04", "--save_strategy", "no",
+        "--eval_strategy", "no", cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    # the folder holds the adapters alone, with a card naming their base, and loads on that base
+    assert (output_dir / "adapter_model.safetensors").is_file() and not (output_dir / "model.safetensors").exists()
+    assert f"base_model: {tmp_path / 'florence2'}" in (output_dir / "README.md").read_text()
+    adapted = PeftModel.from_pretrained(type(model).from_pretrained(tmp_path / "florence2"), output_dir)
+    assert sum("lora_" in name for name, _ in adapted.named_parameters()) > 0
+    assert "CIDEr" in json.loads((output_dir / "eval_results.json").read_text())["test"]
 
 
 WARM_START = str(EXAMPLES.parent / "checkpoints" / "show-tell-rl-shapes-xe")

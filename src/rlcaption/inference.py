@@ -13,10 +13,10 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from . import models as _models  # noqa: F401  (registers our Auto classes)
-from .data.features import ImageFeatureExtractor, describe_feature_extractor, read_feature_extractor
+from .data.features import describe_feature_extractor, read_feature_extractor
 from .data.images import check_image_files, open_image
 from .generation.decoding import generate_captions
-from .hub import check_pretrained_reference
+from .hub import check_pretrained_reference, model_loading_kwargs
 
 __all__ = [
     "caption_image_files",
@@ -24,7 +24,6 @@ __all__ = [
     "features_captioner_config",
     "list_image_files",
     "load_captioner",
-    "load_image_feature_extractor",
 ]
 
 
@@ -47,7 +46,7 @@ def load_captioner(
     if check_pretrained_reference(model_name_or_path, option=argument_name, **hub_options):
         kwargs["local_files_only"] = True  # a cached Hub id while the Hub cannot be reached
     processor = AutoProcessor.from_pretrained(model_name_or_path, **kwargs)
-    model = AutoModelForImageTextToText.from_pretrained(model_name_or_path, **kwargs)
+    model = AutoModelForImageTextToText.from_pretrained(model_name_or_path, **model_loading_kwargs(kwargs))
     model.to(device or "cpu").eval()
     return model, processor
 
@@ -88,32 +87,6 @@ def features_captioner_config(model):
     return None
 
 
-def load_image_feature_extractor(model, device: str | torch.device | None = None) -> ImageFeatureExtractor | None:
-    """
-    The backbone that made the features `model` was trained on, as its config records it (`image_feature_extractor`,
-    written by the recipes from the `rlcaption extract-features` manifest), loaded on `device` (the model's by
-    default); `None` for a model that reads images.
-
-    Raises:
-        `ValueError`: the model reads features with no recorded extractor (region features, which need an object
-            detector, or a checkpoint of an older version); the message says how to pass features instead.
-    """
-    config = features_captioner_config(model)
-    if config is None:
-        return None
-    record = getattr(config, "image_feature_extractor", None)
-    if record is None:
-        raise ValueError(
-            f"This captioner reads precomputed features of width {config.image_feature_size} "
-            f"({config.image_feature_layout}) and its config records no extractor (image_feature_extractor): region "
-            "features (bottom-up attention) need an object detector, which rlcaption does not run, and checkpoints "
-            "of older versions did not record the backbone. Extract the features of your photos as the training "
-            "features were, then score them with `rlcaption evaluate --model <model> --dataset <features folder>`, "
-            "or pass them to `model.generate(image_features=..., image_feature_mask=...)`."
-        )
-    return ImageFeatureExtractor(record, device=device or next(model.parameters()).device)
-
-
 def check_features_match_model(model, dataset, features_folder: str | None) -> None:
     """
     Refuses features other than those `model` was trained on: another width, or another backbone or pooling than the
@@ -148,9 +121,10 @@ def caption_image_files(
     model, processor, paths: Sequence[str], batch_size: int = 16, **generation_kwargs: Any
 ) -> list[str]:
     """
-    Captions image files (any mode Pillow reads; converted to RGB as documented in [`rlcaption.data.images`]). A model
-    trained on precomputed features captions them through the backbone that extracted its features
-    ([`load_image_feature_extractor`]), as `rlcaption extract-features` ran it.
+    Captions image files (any mode Pillow reads; converted to RGB as documented in [`rlcaption.data.images`]) from the
+    processor's `pixel_values`, as the `image-text-to-text` pipeline does. A model trained on precomputed features
+    turns them into features with the backbone that extracted its training features (its config's
+    `image_feature_extractor`), the processor preparing them with that backbone's image processor.
 
     Args:
         generation_kwargs: decoding settings for `generate`, e.g. `num_beams=3, max_length=21`.
@@ -159,13 +133,9 @@ def caption_image_files(
         One caption per path, in order.
     """
     device = next(model.parameters()).device
-    extractor = load_image_feature_extractor(model, device)
     captions: list[str] = []
     for start in range(0, len(paths), batch_size):
         images = [open_image(path) for path in paths[start : start + batch_size]]
-        if extractor is not None:
-            inputs = {"image_features": extractor(images).to(device)}  # (B, D) or (B, N, D)
-        else:
-            inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].to(device)}
+        inputs = {"pixel_values": processor(images=images, return_tensors="pt")["pixel_values"].to(device)}
         captions.extend(generate_captions(model, processor, inputs, **generation_kwargs).texts)
     return captions

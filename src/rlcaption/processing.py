@@ -9,7 +9,10 @@ normalises; the bare tokenizer expects already-normalised text.
 
 Images go through a standard `transformers` image processor (`ViTImageProcessorPil`: resize, rescale, normalise)
 after being converted to 8-bit RGB, whatever their mode, by [`rlcaption.data.images.convert_to_rgb`], the conversion
-the dataset loaders use (grayscale, 16-bit, float, CMYK, palette, transparency composited on white, ...).
+the dataset loaders use (grayscale, 16-bit, float, CMYK, palette, transparency composited on white, ...). A captioner
+trained on precomputed features reads the `pixel_values` of the backbone that extracted them: its processor carries
+that backbone's image processor, as the config records it ([`image_processor_of_extractor`]), so that the captioner
+runs the backbone on them (`model.generate(pixel_values=...)`, the `image-text-to-text` pipeline).
 
 Saved processors carry no code: they load as `CaptionProcessor` wherever rlcaption is imported. A processor saved
 after `CaptionProcessor.register_for_auto_class()` also loads with `AutoProcessor.from_pretrained(...,
@@ -19,6 +22,7 @@ trust_remote_code=True)` for users without rlcaption: this module and the two it
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -28,15 +32,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 from PIL import Image
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
+from transformers import AutoImageProcessor, BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
 from transformers.models.vit import ViTImageProcessorPil
+from transformers.utils import CONFIG_NAME, cached_file
 
 from rlcaption.data.images import convert_to_rgb
 from rlcaption.metrics.tokenization import normalize_caption
 
-__all__ = ["SPECIAL_TOKENS", "CaptionProcessor"]
+__all__ = ["SPECIAL_TOKENS", "CaptionProcessor", "image_processor_of_extractor"]
 
 # Order fixes the ids: <pad> = 0, <bos> = 1, <eos> = 2, <unk> = 3 (the defaults of ShowTellRLConfig).
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -60,6 +66,38 @@ def _build_word_tokenizer(words: Sequence[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token=_PAD, bos_token=_BOS, eos_token=_EOS, unk_token=_UNK
     )
+
+
+def image_processor_of_extractor(extractor: Mapping):
+    """
+    The image processor that prepared the images of precomputed features, from the record of their extractor (a
+    captioner config's `image_feature_extractor`, a features manifest's): its recorded settings, or, for records of
+    older versions without them, the backbone's own image processor (`AutoImageProcessor.from_pretrained`).
+    """
+    settings = dict(extractor.get("image_processor") or {})
+    if not settings:
+        return AutoImageProcessor.from_pretrained(extractor["model"])
+    return getattr(transformers, settings.pop("image_processor_type")).from_dict(settings)
+
+
+def _recorded_feature_extractor(pretrained_model_name_or_path, hub_kwargs: Mapping) -> dict | None:
+    """The `image_feature_extractor` of the captioner saved beside a processor (its own config's, its policy's or its
+    speaker's), or `None`: a captioner of images, features without a record, or no model config there."""
+    hub_options = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
+    config_file = cached_file(
+        pretrained_model_name_or_path,
+        CONFIG_NAME,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+        **{name: hub_kwargs[name] for name in hub_options if name in hub_kwargs},
+    )
+    if config_file is None:
+        return None
+    config = json.loads(Path(config_file).read_text(encoding="utf-8"))
+    for captioner in (config, config.get("policy_config"), config.get("speaker_config")):
+        if isinstance(captioner, dict) and captioner.get("encoder_type") == "features":
+            return captioner.get("image_feature_extractor")
+    return None
 
 
 def _check_captions(captions: Sequence) -> list[str]:
@@ -187,6 +225,22 @@ class CaptionProcessor(ProcessorMixin):
             size={"height": image_size, "width": image_size}, image_mean=list(image_mean), image_std=list(image_std)
         )
         return cls(image_processor=image_processor, tokenizer=_build_word_tokenizer(words))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs):
+        """`ProcessorMixin.from_pretrained`; beside a captioner trained on precomputed features, the image processor
+        is the one its config records (`image_feature_extractor`).
+
+        Processors saved with such captioners by older versions hold the captioner's own image processor (a square of
+        `image_size`), which the backbone that turns `pixel_values` into features was not trained on: the record
+        replaces it, so that these checkpoints caption photos too.
+        """
+        loaded = super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        processor = loaded[0] if isinstance(loaded, tuple) else loaded  # (processor, unused kwargs) when asked for
+        extractor = _recorded_feature_extractor(pretrained_model_name_or_path, kwargs)
+        if extractor is not None:
+            processor.image_processor = image_processor_of_extractor(extractor)
+        return loaded
 
     @property
     def model_input_names(self) -> list[str]:

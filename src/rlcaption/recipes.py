@@ -28,7 +28,7 @@ from . import auto as _auto  # noqa: F401  (registers our Auto classes, so AutoP
 from .data import check_dataset_images, load_caption_dataset
 from .data.features import read_feature_extractor
 from .data.loading import load_saved_dataset
-from .hub import check_pretrained_reference, publish_folder, render_model_card
+from .hub import check_pretrained_reference, model_loading_kwargs, publish_folder, render_model_card
 from .inference import check_features_match_model
 from .metrics.tokenization import normalize_caption
 from .models import ShowTellRL, ShowTellRLConfig
@@ -378,7 +378,7 @@ def load_pretrained_captioner(name_or_path: str, **kwargs: Any):
     ):
         kwargs["local_files_only"] = True  # a cached Hub id while the Hub cannot be reached
     processor = AutoProcessor.from_pretrained(name_or_path, **kwargs)
-    model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+    model = AutoModelForImageTextToText.from_pretrained(name_or_path, **model_loading_kwargs(kwargs))
     return model, processor
 
 

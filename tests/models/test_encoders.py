@@ -148,7 +148,8 @@ def test_pooling_none_keeps_every_position():
 
 
 def test_backbone_encoder_and_feature_extraction_pool_in_one_place(monkeypatch):
-    assert feature_extraction.pool_image_features is pool_image_features
+    # extraction and a captioner of features computing them from pixels encode with the one function that pools
+    assert feature_extraction.encode_images_with_backbone is encoders.encode_images_with_backbone
     poolings = []
 
     def recording_pool(outputs, pooling="auto"):

@@ -7,7 +7,7 @@ from .collator import CaptionCollator
 from .features import extract_features
 from .image_checks import check_dataset_images
 from .images import check_image_files, convert_to_rgb, find_undecodable_images, open_image
-from .loading import load_caption_dataset
+from .loading import load_caption_dataset, save_dataset_referencing_images
 from .regions import BottomUpTSVRegions, RegionFeatureFolder, add_region_features, open_region_features
 
 __all__ = [
@@ -27,4 +27,5 @@ __all__ = [
     "load_shapes",
     "open_image",
     "open_region_features",
+    "save_dataset_referencing_images",
 ]

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from transformers import AutoImageProcessor, AutoModel
 
 from ..hub import check_pretrained_reference
-from ..models.show_tell_rl.encoders import POOLING_MODES, pool_image_features
+from ..models.show_tell_rl.encoders import POOLING_MODES, encode_images_with_backbone
 from ..shapes.dataset import load_shapes, save_dataset_atomically
 from .image_references import image_root, with_image_paths_relative_to, write_image_references
 from .images import convert_to_rgb
@@ -77,14 +77,8 @@ def _load_backbone(model_name_or_path: str | os.PathLike, device: torch.device, 
 
 def _encode_images(model, pixel_values: torch.Tensor, pooling: str) -> torch.Tensor:
     """Features of shape `(batch_size, feature_size)`, or `(batch_size, num_positions, feature_size)` with
-    `pooling="none"`; dual encoders (CLIP, SigLIP) use their image tower."""
-    if pooling == "none":
-        # a dual encoder's `get_image_features` is already pooled and projected: the grid is its vision tower's
-        vision_model = getattr(model, "vision_model", model)
-        return pool_image_features(vision_model(pixel_values=pixel_values), pooling="none")
-    if hasattr(model, "get_image_features"):
-        return pool_image_features(model.get_image_features(pixel_values=pixel_values))
-    return pool_image_features(model(pixel_values=pixel_values))
+    `pooling="none"`: what a captioner trained on them computes from pixels too."""
+    return encode_images_with_backbone(model, pixel_values, pooling)
 
 
 def _as_dataset_dict(dataset: datasets.Dataset | datasets.DatasetDict) -> datasets.DatasetDict:

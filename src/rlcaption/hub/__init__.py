@@ -13,7 +13,13 @@ from .cards import (
     render_model_card,
 )
 from .publishing import publish_folder
-from .references import HUB_CONNECTION_ERRORS, HUB_PROBE_TIMEOUT, check_pretrained_reference, hub_unreachable_reason
+from .references import (
+    HUB_CONNECTION_ERRORS,
+    HUB_PROBE_TIMEOUT,
+    check_pretrained_reference,
+    hub_unreachable_reason,
+    model_loading_kwargs,
+)
 
 __all__ = [
     "HUB_CONNECTION_ERRORS",
@@ -24,6 +30,7 @@ __all__ = [
     "caption_eval_results",
     "check_pretrained_reference",
     "hub_unreachable_reason",
+    "model_loading_kwargs",
     "objective_citation",
     "parameter_count",
     "publish_folder",

@@ -15,7 +15,13 @@ from huggingface_hub.utils import get_session, validate_repo_id
 
 from ..models.show_tell_rl.hub_errors import HUB_CONNECTION_ERRORS
 
-__all__ = ["HUB_CONNECTION_ERRORS", "HUB_PROBE_TIMEOUT", "check_pretrained_reference", "hub_unreachable_reason"]
+__all__ = [
+    "HUB_CONNECTION_ERRORS",
+    "HUB_PROBE_TIMEOUT",
+    "check_pretrained_reference",
+    "hub_unreachable_reason",
+    "model_loading_kwargs",
+]
 
 # Seconds the Hub has to answer one request before a Hub id that is not in the local cache is refused; the Hub
 # usually answers in well under a second, whereas `huggingface_hub` retries an unreachable Hub for about 23 seconds
@@ -132,3 +138,16 @@ def _is_hub_id(name: str) -> bool:
     except HFValidationError:
         return False
     return True
+
+
+def model_loading_kwargs(kwargs: dict) -> dict:
+    """
+    The `from_pretrained` keyword arguments of a model for the loading `kwargs` of its folder or Hub id. With
+    `local_files_only=True`, the look-up of a PEFT adapter that transformers makes for a Hub id (when peft is
+    installed) gets it and the `cache_dir` too: transformers passes neither there, and that request would retry the
+    unreachable Hub for about 23 seconds.
+    """
+    if not kwargs.get("local_files_only"):
+        return kwargs
+    adapter_lookup = {"local_files_only": True, **{key: kwargs[key] for key in ("cache_dir",) if key in kwargs}}
+    return {**kwargs, "adapter_kwargs": {**adapter_lookup, **kwargs.get("adapter_kwargs", {})}}

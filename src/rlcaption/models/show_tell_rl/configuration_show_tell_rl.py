@@ -39,8 +39,10 @@ class ShowTellRLConfig(ImageEncoderConfigMixin, PretrainedConfig):
         image_feature_extractor (`dict`, *optional*):
             With precomputed `"features"`: what extracted them, as `rlcaption extract-features` records it in its
             manifest (`model`, the backbone's Hub id or folder; `image_processor`, its settings; `pooling`; `layout`;
-            `feature_shape`). `rlcaption caption` and [`rlcaption.inference.caption_image_files`] run that backbone
-            over new photos. `None` for features with no such record (region features, which need a detector).
+            `feature_shape`). Given `pixel_values` (prepared by that image processor, which the processor saved with
+            the model carries), the model runs that backbone itself, loaded once and not saved with it: `generate`,
+            the `image-text-to-text` pipeline and `rlcaption caption` caption photos. `None` for features with no
+            such record (region features, which need a detector).
         pad_token_id (`int`, *optional*, defaults to 0), bos_token_id (`int`, *optional*, defaults to 1),
         eos_token_id (`int`, *optional*, defaults to 2):
             Special token ids; the defaults are those of [`CaptionProcessor`].

@@ -11,7 +11,9 @@ decoders read at every step:
   config dict or loaded from a hub id / local path; its pooled output is the feature. It can be frozen.
 - [`PrecomputedFeatureEncoder`]: features extracted beforehand (`rlcaption extract-features`, or released region
   features) pass through unchanged, so training never runs the vision model: pooled vectors, or fixed grids and
-  variable-count regions with a padding mask, pooled by their masked mean and kept as the grid for attention.
+  variable-count regions with a padding mask, pooled by their masked mean and kept as the grid for attention. Given
+  `pixel_values` instead, it runs the backbone that extracted the features (when the config records it), so that a
+  captioner trained on features captions photos.
 
 The encoder types (`ENCODER_TYPES`), the config fields that choose and size an encoder ([`ImageEncoderConfigMixin`],
 built by `build_image_encoder`), the image inputs each encoder reads (`image_encoder_arguments`) and the pooling of a
@@ -48,6 +50,7 @@ __all__ = [
     "build_image_encoder",
     "check_cnn_fields",
     "cpu_runs_lstm_in",
+    "encode_images_with_backbone",
     "image_encoder_arguments",
     "init_cnn_and_gru_weights",
     "pool_image_features",
@@ -176,6 +179,30 @@ def pool_image_features(outputs, pooling: str = "auto") -> torch.Tensor:
     return hidden.mean(dim=(2, 3))  # (B, C, H, W) -> (B, C)
 
 
+def encode_images_with_backbone(backbone: nn.Module, pixel_values: torch.FloatTensor, pooling: str = "auto"):
+    """
+    The features `rlcaption extract-features` stores for images: `pool_image_features` of a vision model's output;
+    dual encoders (CLIP, SigLIP) give their projected image embedding, or their vision tower's grid with
+    `pooling="none"`.
+
+    Args:
+        backbone (`nn.Module`): a vision model loaded with `AutoModel`.
+        pixel_values (`torch.FloatTensor` of shape `(batch_size, 3, H, W)`): from the backbone's image processor.
+        pooling (`str`, *optional*, defaults to `"auto"`): one of `POOLING_MODES`.
+
+    Returns:
+        `torch.Tensor` of shape `(batch_size, feature_size)`, or `(batch_size, num_positions, feature_size)` with
+        `pooling="none"`.
+    """
+    if pooling == "none":
+        # a dual encoder's `get_image_features` is already pooled and projected: the grid is its vision tower's
+        vision_model = getattr(backbone, "vision_model", backbone)
+        return pool_image_features(vision_model(pixel_values=pixel_values), pooling="none")
+    if hasattr(backbone, "get_image_features"):
+        return pool_image_features(backbone.get_image_features(pixel_values=pixel_values))
+    return pool_image_features(backbone(pixel_values=pixel_values))
+
+
 def _backbone_output_size(backbone_config) -> int:
     """Width of a backbone's pooled output, read from its config."""
     if getattr(backbone_config, "hidden_sizes", None):
@@ -245,12 +272,20 @@ class PrecomputedFeatureEncoder(nn.Module):
     has its padding zeroed (whatever the padding held, it cannot leak into the result). Regions have no fixed
     positions, so `num_grid_positions` is None: no position embeddings.
 
+    With the record of the `extractor` that made the features, [`features_of_pixels`] computes them from images: the
+    recorded backbone, loaded on first use and then kept, runs on `pixel_values` prepared by its own image processor
+    (the captioner's processor carries it) and is pooled as recorded. The backbone is not a submodule: it is neither
+    trained, nor in the state dict, nor saved with the captioner, whose config names it.
+
     Args:
         feature_size (`int`): width of the features (the extractor's).
         layout (`str`, *optional*, defaults to `"pooled"`): one of `IMAGE_FEATURE_LAYOUTS`.
+        extractor (`dict`, *optional*): what extracted the features, a config's `image_feature_extractor` (`model`,
+            the backbone's Hub id or folder; `pooling`; ...); `None` for features no backbone here can compute
+            (region features, which need an object detector).
     """
 
-    def __init__(self, feature_size: int, layout: str = "pooled"):
+    def __init__(self, feature_size: int, layout: str = "pooled", extractor: dict | None = None):
         super().__init__()
         if layout not in IMAGE_FEATURE_LAYOUTS:
             raise ValueError(f"Unknown image feature layout {layout!r}; expected one of {IMAGE_FEATURE_LAYOUTS}.")
@@ -258,6 +293,39 @@ class PrecomputedFeatureEncoder(nn.Module):
         self.layout = layout
         self.grid_feature_size = feature_size if layout == "grid" else None
         self.num_grid_positions = None
+        self.extractor = extractor
+        # set through `__dict__`: `nn.Module.__setattr__` would register the backbone as a submodule, and its weights
+        # would then be saved, trained and moved with the captioner's
+        self.__dict__["backbone"] = None
+
+    def features_of_pixels(self, pixel_values: torch.FloatTensor) -> torch.FloatTensor:
+        """
+        The features the recorded extractor gives for images, as `rlcaption extract-features` computed them.
+
+        Args:
+            pixel_values (`torch.FloatTensor` of shape `(batch_size, 3, H, W)`): from the backbone's image processor
+                (the processor saved with a captioner trained on features carries it).
+
+        Returns:
+            `torch.FloatTensor` of shape `(batch_size, feature_size)`, or `(batch_size, num_positions, feature_size)`
+            for grids, in float32.
+        """
+        if self.extractor is None:
+            raise ValueError(
+                f"This model reads precomputed features of width {self.output_size} ({self.layout}) and its config "
+                "records no extractor (image_feature_extractor) to compute them from pixel_values: region features "
+                "(bottom-up attention) need an object detector, which it does not run, and checkpoints of older "
+                "versions did not record the backbone. Extract the features of your photos as the training features "
+                "were and pass image_features, e.g. `model.generate(image_features=..., image_feature_mask=...)`."
+            )
+        if self.backbone is None:
+            self.__dict__["backbone"] = AutoModel.from_pretrained(self.extractor["model"]).eval()
+        if next(self.backbone.parameters()).device != pixel_values.device:
+            self.backbone.to(pixel_values.device)
+        dtype = next(self.backbone.parameters()).dtype
+        with torch.no_grad():  # the backbone is fixed: its features were precomputed for training
+            features = encode_images_with_backbone(self.backbone, pixel_values.to(dtype), self.extractor["pooling"])
+        return features.float()
 
     def forward(
         self, image_features: torch.FloatTensor, image_feature_mask: torch.Tensor | None = None
@@ -477,8 +545,13 @@ def build_image_encoder(
     if config.encoder_type == "backbone":
         return BackboneImageEncoder(config.backbone_config, freeze=config.freeze_backbone)
     if config.encoder_type == "features":
-        # configs written before grids and regions existed have no layout: their features are pooled
-        return PrecomputedFeatureEncoder(config.image_feature_size, getattr(config, "image_feature_layout", "pooled"))
+        # configs written before grids and regions existed have no layout: their features are pooled; configs written
+        # before extractors were recorded have none
+        return PrecomputedFeatureEncoder(
+            config.image_feature_size,
+            getattr(config, "image_feature_layout", "pooled"),
+            getattr(config, "image_feature_extractor", None),
+        )
     raise ValueError(f"Unknown encoder_type {config.encoder_type!r}; expected one of {ENCODER_TYPES}.")
 
 
@@ -491,16 +564,24 @@ def image_encoder_arguments(
 ) -> tuple[torch.Tensor | None, ...]:
     """
     The arguments of `encoder`'s `forward` (or `forward_with_grid`) among a batch's image inputs, in `dtype`, checked:
-    `(pixel_values,)` for an encoder of pixels, `(image_features, image_feature_mask)` for precomputed features. An
+    `(pixel_values,)` for an encoder of pixels, `(image_features, image_feature_mask)` for precomputed features, which
+    `pixel_values` alone give through the recorded extractor ([`PrecomputedFeatureEncoder.features_of_pixels`]). An
     input the encoder does not read (the `pixel_values` a batch may also carry beside its features) is left out.
     """
     if isinstance(encoder, PrecomputedFeatureEncoder):
-        if image_features is None:
+        if image_features is None and pixel_values is None:
             raise ValueError(
-                "This image encoder reads precomputed features (encoder_type='features'): pass image_features. To "
-                "caption photos, use `rlcaption caption` or `rlcaption.inference.caption_image_files`, which run the "
-                "backbone the features were extracted with (the config's image_feature_extractor)."
+                "This image encoder reads precomputed features (encoder_type='features'): pass image_features, or "
+                "pixel_values from the model's processor, which the backbone recorded in the config's "
+                "image_feature_extractor turns into features."
             )
+        if image_features is None:
+            if image_feature_mask is not None:
+                raise ValueError(
+                    "Got an image_feature_mask without the image_features it masks; features computed from "
+                    "pixel_values have no padding: drop the mask."
+                )
+            image_features = encoder.features_of_pixels(pixel_values)  # (B, D) or (B, N, D)
         return image_features.to(dtype), image_feature_mask
     encoder_type = "cnn" if isinstance(encoder, ConvImageEncoder) else "backbone"
     if pixel_values is None:

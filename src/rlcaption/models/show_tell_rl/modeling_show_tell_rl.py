@@ -95,7 +95,8 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
     """Show-and-Tell LSTM captioner (Liu et al. 2017), with attention over the image grid as an option.
 
     Decode with `model.generate(pixel_values=...)` (or `image_features=...`, with `image_feature_mask=...` for padded
-    regions, for the `"features"` encoder): greedy,
+    regions, for the `"features"` encoder, which turns `pixel_values` into features with the backbone its config
+    records in `image_feature_extractor`): greedy,
     sampling (`do_sample`, `temperature`, `top_k`, `top_p`), beam search (`num_beams`) and `num_return_sequences`
     all work; the returned sequences start with `<bos>`. A text prompt (`input_ids`, e.g. `processor(images=...,
     text="a red")`) is continued; the `image-text-to-text` pipeline captions with `text=""`.
@@ -431,7 +432,8 @@ class ShowTellRL(ShowTellRLPreTrainedModel, GenerationMixin):
             input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`):
                 Caption tokens, `<bos> w_1 ... <eos> <pad> ...` (with a cache: only the new tokens).
             pixel_values (`torch.FloatTensor` of shape `(batch_size, num_channels, height, width)`, *optional*):
-                Images (`"cnn"`/`"backbone"` encoders). Read only when `cache` is None.
+                Images (`"cnn"`/`"backbone"` encoders; `"features"` with a recorded `image_feature_extractor`, whose
+                backbone computes the features, when `image_features` is None). Read only when `cache` is None.
             image_features (`torch.FloatTensor` of shape `(batch_size, image_feature_size)`, *optional*):
                 Precomputed features (`"features"` encoder), `(batch_size, num_regions, image_feature_size)` with
                 `config.image_feature_layout="grid"`. Read only when `cache` is None.

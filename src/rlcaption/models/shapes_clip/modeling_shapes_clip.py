@@ -24,7 +24,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils import ModelOutput
 
-from rlcaption.models.show_tell_rl.encoders import BackboneImageEncoder, ConvImageEncoder
+from rlcaption.models.show_tell_rl.encoders import BackboneImageEncoder, ConvImageEncoder, init_cnn_and_gru_weights
 from rlcaption.models.show_tell_rl.hub_errors import HubUploadErrorsMixin
 
 from .configuration_shapes_clip import ShapesCLIPConfig
@@ -129,17 +129,9 @@ class ShapesCLIPPreTrainedModel(HubUploadErrorsMixin, PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # Children are initialised before their parents, so the cases below override the generic N(0, 0.02).
-        if isinstance(module, ConvImageEncoder):
-            module.init_weights()
-        elif isinstance(module, nn.GRU):
-            for name, parameter in module.named_parameters():
-                if "weight" in name:
-                    init.xavier_uniform_(parameter)
-                else:
-                    init.zeros_(parameter)
-        elif isinstance(module, ShapesCLIPModel):
+        if isinstance(module, ShapesCLIPModel):
             init.constant_(module.logit_scale, self.config.logit_scale_init_value)
-        else:
+        elif not init_cnn_and_gru_weights(module):
             super()._init_weights(module)
 
 

@@ -20,9 +20,7 @@ trained against). The output folder gets the model, its processor, a model card 
 two processes; `--push_to_hub --hub_model_id org/name` publishes the folder.
 """
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from transformers import GenerationConfig
 
@@ -90,30 +88,10 @@ def _model_card(model, training_args, script_args, scores, num_test_images, opti
     )  # fmt: skip
 
 
-# The repository the default CLIPs come from: they are read from it wherever the recipe is launched.
-REPOSITORY = Path(__file__).resolve().parent.parent
-
-
-def default_clip_from_any_folder(option: str, value: str) -> str:
-    """`value` of `--<option>`; its default, a folder of the repository's `checkpoints/`, from the repository when the
-    current folder has no such folder (the name kept from the repository root, where the model card states it)."""
-    if value != RECIPE_DEFAULTS[option] or os.path.isdir(value):
-        return value
-    in_repository = REPOSITORY / value
-    if not in_repository.is_dir():
-        raise FileNotFoundError(
-            f"--{option} defaults to the project's {value}, which is neither in the current folder nor at "
-            f"{in_repository}: run the recipe from a clone of the repository, or pass --{option} <folder or Hub id>."
-        )
-    return str(in_repository)
-
-
 def main(argv=None):
     script_args, training_args = parse_recipe_arguments(
         ScriptArguments, RECIPE_DEFAULTS, argv, config_classes=[WTFConfig]
     )
-    for option in ("reward_clip", "eval_clip"):
-        setattr(training_args, option, default_clip_from_any_folder(option, getattr(training_args, option)))
     try:  # METEOR where Java runs it, as in the paper's table; the rest of the evaluation needs neither
         check_java()
         pycocoevalcap_dir("meteor")

@@ -29,6 +29,7 @@ LAYERS = [
     {"rl_config", "evaluation", "inference", "shapes.clip_model_card", "shapes.gallery", "auto"},
     {"objectives"},
     {"trainer"},
+    {"recipe_arguments"},
     {"recipes"},
     {"shapes.demo"},
     {"cli", "__init__"},

@@ -140,6 +140,8 @@ def _parse_recipe_command(words: list[str], monkeypatch) -> tuple[str, object, o
     script, arguments = words[script_index], words[script_index + 1 :]
     recipe = Path(script).stem
     module = load_recipe(recipe)
+    if "--bf16" in arguments:  # a GPU command: parsed as on a GPU with bfloat16, which this machine may lack
+        monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
     if recipe == "train_embedding":  # parses its own training arguments, not a method config
         parser = HfArgumentParser((module.ScriptArguments, module.EmbeddingTrainingArguments))
         script_args, training_args = parser.parse_args_into_dataclasses(args=arguments)

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import datasets
@@ -10,7 +11,7 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-from rlcaption import recipes
+from rlcaption import recipe_arguments
 from rlcaption.hub import publish_folder
 from rlcaption.models import PolicyValueCaptioner
 from rlcaption.objectives import ActorCriticConfig, SCSTConfig
@@ -28,8 +29,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def load_recipe(name: str):
+    """The recipe `examples/<name>.py` imported as a module, registered as an import registers it."""
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -325,15 +328,15 @@ def test_a_recipe_s_help_lists_its_method_s_options_and_the_shared_ones_only(rec
     ],
 )
 def test_recipes_decode_image_files_in_worker_processes(monkeypatch, tmp_path, arguments, workers):
-    monkeypatch.setattr(recipes, "dataloader_workers_for_images", lambda: 3)
+    monkeypatch.setattr(recipe_arguments, "dataloader_workers_for_images", lambda: 3)
     _, training_args = parse_recipe_arguments(RecipeArguments, argv=["--output_dir", str(tmp_path), *arguments])
     assert training_args.dataloader_num_workers == workers
 
 
 @pytest.mark.parametrize("cores, processes, workers", [(16, 1, 4), (16, 8, 1), (4, 1, 3), (2, 1, 1), (1, 1, 0)])
 def test_dataloader_workers_leave_each_training_process_a_core(monkeypatch, cores, processes, workers):
-    monkeypatch.setattr(recipes.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    monkeypatch.setattr(recipes.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(recipe_arguments.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(recipe_arguments.os, "cpu_count", lambda: cores)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
     assert dataloader_workers_for_images() == workers
 
@@ -363,12 +366,24 @@ def test_a_recipe_names_the_recipe_of_another_methods_options(tmp_path, recipe, 
         load_recipe(recipe).main(["--output_dir", str(tmp_path), *arguments])
 
 
-def test_the_wtf_recipe_finds_its_default_clips_from_any_folder(tmp_path, monkeypatch):
-    recipe = load_recipe("train_wtf")
+def test_a_recipe_finds_its_default_checkpoints_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no checkpoints/ here
-    found = recipe.default_clip_from_any_folder("reward_clip", "checkpoints/shapes-clip-reward")
-    assert found == str(EXAMPLES.parent / "checkpoints" / "shapes-clip-reward")
-    assert recipe.default_clip_from_any_folder("eval_clip", "org/clip") == "org/clip"  # a given one is kept
-    monkeypatch.setattr(recipe, "REPOSITORY", tmp_path / "elsewhere")
-    with pytest.raises(FileNotFoundError, match="--eval_clip defaults to the project's checkpoints/shapes-clip-eval"):
-        recipe.default_clip_from_any_folder("eval_clip", "checkpoints/shapes-clip-evaluator")
+    scst = load_recipe("train_scst")
+    script_args, _ = parse_recipe_arguments(
+        scst.ScriptArguments, scst.RECIPE_DEFAULTS, ["--output_dir", "out"], [SCSTConfig]
+    )
+    assert script_args.model_name_or_path == str(EXAMPLES.parent / "checkpoints" / "show-tell-rl-shapes-xe")
+    wtf = load_recipe("train_wtf")
+    _, training_args = parse_recipe_arguments(
+        wtf.ScriptArguments, wtf.RECIPE_DEFAULTS, ["--output_dir", "out", "--eval_clip", "org/clip"], [wtf.WTFConfig]
+    )
+    assert training_args.reward_clip == str(EXAMPLES.parent / "checkpoints" / "shapes-clip-reward")
+    assert training_args.eval_clip == "org/clip"  # a given one is kept
+    # a recipe copied out of the repository names the default it looked for, and where
+    monkeypatch.setattr(
+        "rlcaption.recipe_arguments._recipe_file", lambda _: str(tmp_path / "elsewhere" / "x" / "r.py")
+    )
+    with pytest.raises(
+        FileNotFoundError, match="--model_name_or_path defaults to the project's checkpoints/show-tell"
+    ):
+        parse_recipe_arguments(scst.ScriptArguments, scst.RECIPE_DEFAULTS, ["--output_dir", "out"], [SCSTConfig])

@@ -15,6 +15,9 @@ reward or a decoded caption:
   `generate()`'s output has the prompt cut off. The start token of such a caption is a placeholder the model never
   reads: the last prompt token predicts the first word, so `logits[:, t]` still scores token `t + 1`.
 
+For k captions of each image (`image_index`), the image goes through the vision tower once: Florence-2's encoder
+output, or a decoder-only model's `get_image_features`, is repeated for each caption (`encodes_images_once`).
+
 Each family's default prompt is the library's ([`PromptedCaptioner.default_prompt`]); `RLCaptionConfig.prompt`
 (`--prompt`) overrides it. Chat models get the instruction as one user turn with the image, through the processor's
 chat template with `add_generation_prompt=True`.
@@ -39,6 +42,7 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     SmolVLMForConditionalGeneration,
 )
+from transformers.modeling_outputs import BaseModelOutput
 
 from .captioners import Captioner, _first_set, _without_peft_wrapper, register_captioner
 
@@ -140,12 +144,23 @@ class Florence2Captioner(PromptedCaptioner):
     """
     `Florence2ForConditionalGeneration`, an encoder–decoder: the task prompt (`<CAPTION>` by default) and the image
     go to the encoder, the caption is the decoder's input and starts with the decoder start token.
+
+    Published checkpoints start the decoder with `</s>` and force `<s>` as the first generated token
+    (`forced_bos_token_id` in their generation config), as they were trained on `</s> <s> words </s>`. That forced
+    token is the caption prefix ([`caption_prefix_ids`]): the decoder reads it after the start token whenever it
+    scores or decodes a caption, but the sequences objectives see (references, samples) go without it, so it is never
+    rewarded, decoded into text or trained on (its probability is 1 by construction in `generate()`).
     """
 
     family = "Florence2ForConditionalGeneration"
     model_classes = (Florence2ForConditionalGeneration,)
     default_prompt = "<CAPTION>"
     start_token_field = "decoder_start_token_id"
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        # read here: while `generate` runs, the model's generation config is replaced by one without the forced token
+        self.caption_prefix_ids = self._forced_caption_prefix()
 
     def _declared_tokens(self):
         generation, config = self.model.generation_config, self.model.config
@@ -156,14 +171,74 @@ class Florence2Captioner(PromptedCaptioner):
             _first_set(generation.pad_token_id, text_config.pad_token_id),
         )
 
+    def _forced_caption_prefix(self) -> tuple[int, ...]:
+        """The tokens the model's generation config forces after the decoder start token: `(forced_bos_token_id,)`,
+        or none."""
+        text_config = self.model.config.get_text_config()
+        forced = _first_set(
+            self.model.generation_config.forced_bos_token_id, getattr(text_config, "forced_bos_token_id", None)
+        )
+        return () if forced is None else (forced,)
+
+    def _with_caption_prefix(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """The decoder's input for captions `start w_1 ...`: `start prefix w_1 ...` (and its attention mask)."""
+        if not self.caption_prefix_ids:
+            return input_ids, attention_mask
+        prefix = input_ids.new_tensor(self.caption_prefix_ids).expand(input_ids.size(0), -1)  # (N, M)
+        decoder_ids = torch.cat([input_ids[:, :1], prefix, input_ids[:, 1:]], dim=1)  # (N, T + M)
+        if attention_mask is None:
+            return decoder_ids, None
+        prefix_mask = torch.ones_like(prefix, dtype=attention_mask.dtype)
+        return decoder_ids, torch.cat([attention_mask[:, :1], prefix_mask, attention_mask[:, 1:]], dim=1)
+
     def _model_generate(self, image_inputs, config):
-        return self.model.generate(**self._model_inputs(image_inputs), generation_config=config)
+        inputs = self._model_inputs(image_inputs)
+        if not self.caption_prefix_ids:
+            return self.model.generate(**inputs, generation_config=config)
+        # the prefix given as the decoder's first tokens, as the forced token would have been decoded
+        first_tokens = [self.tokens.start_token_id, *self.caption_prefix_ids]
+        batch_size = inputs["input_ids"].size(0)
+        inputs["decoder_input_ids"] = inputs["input_ids"].new_tensor(first_tokens).expand(batch_size, -1)
+        generated = self.model.generate(**inputs, generation_config=config)
+        sequences = generated if isinstance(generated, torch.Tensor) else generated.sequences
+        without_prefix = torch.cat([sequences[:, :1], sequences[:, len(first_tokens) :]], dim=1)  # (N, 1 + new)
+        if isinstance(generated, torch.Tensor):
+            return without_prefix
+        generated.sequences = without_prefix  # one score per new token: they stay aligned with the caption's words
+        return generated
 
     def _logits(self, model, image_inputs, input_ids, attention_mask):
-        return model(
-            **self._model_inputs(image_inputs), decoder_input_ids=input_ids, decoder_attention_mask=attention_mask,
+        decoder_ids, decoder_mask = self._with_caption_prefix(input_ids, attention_mask)
+        logits = model(
+            **self._model_inputs(image_inputs), decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask,
             use_cache=False,
         ).logits  # fmt: skip
+        return logits[:, len(self.caption_prefix_ids) :]  # (N, T, V): from the last prefix token, scoring w_1
+
+    encodes_images_once = True
+
+    def _logits_encoding_images_once(self, network, image_inputs, image_index, input_ids, attention_mask):
+        # Florence2Model.forward's encoder pass, once per (prompt, image): image features at the prompt's image tokens
+        florence = _without_peft_wrapper(network)
+        prompt_ids = image_inputs[PROMPT_INPUT_PREFIX + "input_ids"]
+        prompt_mask = image_inputs.get(PROMPT_INPUT_PREFIX + "attention_mask")
+        prompt_embeds = florence.get_input_embeddings()(prompt_ids)  # (B, P, D)
+        image_features = florence.get_image_features(image_inputs["pixel_values"]).pooler_output
+        image_features = image_features.to(prompt_embeds.device, prompt_embeds.dtype)
+        image_positions = florence.get_placeholder_mask(prompt_ids, prompt_embeds, image_features)
+        prompt_embeds = prompt_embeds.masked_scatter(image_positions, image_features)
+        encoded = florence.model.language_model.encoder(attention_mask=prompt_mask, inputs_embeds=prompt_embeds)
+        # then Florence2ForConditionalGeneration.forward's decoder pass, each encoding repeated for its captions
+        encoder_outputs = BaseModelOutput(last_hidden_state=encoded.last_hidden_state.index_select(0, image_index))
+        decoder_ids, decoder_mask = self._with_caption_prefix(input_ids, attention_mask)
+        logits = network(
+            encoder_outputs=encoder_outputs,
+            attention_mask=None if prompt_mask is None else prompt_mask.index_select(0, image_index),
+            decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask, use_cache=False,
+        ).logits  # fmt: skip
+        return logits[:, len(self.caption_prefix_ids) :]  # (N, T, V)
 
 
 class PromptedDecoderCaptioner(PromptedCaptioner):
@@ -215,7 +290,25 @@ class PromptedDecoderCaptioner(PromptedCaptioner):
         return self.model.generate(**inputs, generation_config=config)
 
     def _logits(self, model, image_inputs, input_ids, attention_mask):
-        inputs = self._model_inputs(image_inputs)
+        return self._prompt_and_caption_logits(model, self._model_inputs(image_inputs), input_ids, attention_mask)
+
+    def _prompt_and_caption_logits(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None,
+        image_outputs: Any = None,
+    ) -> torch.FloatTensor:
+        """
+        Logits over the caption's positions of `prompt + caption[1:]`.
+
+        Args:
+            inputs: the model's conditioning inputs (`input_ids`, `attention_mask` of the prompts, image tensors),
+                one row per caption.
+            image_outputs (*optional*): the output of the model's `get_image_features` with one entry per caption,
+                given to the model as `mm_encoder_outputs` in place of the image tensors.
+        """
         prompt_ids, prompt_mask = inputs.pop("input_ids"), inputs.pop("attention_mask")
         caption_ids = input_ids[:, 1:]  # (N, T-1): the start token is the prompt's last token's stand-in
         caption_mask = torch.ones_like(caption_ids) if attention_mask is None else attention_mask[:, 1:]
@@ -232,8 +325,54 @@ class PromptedDecoderCaptioner(PromptedCaptioner):
         num_kept = input_ids.size(1)
         if "logits_to_keep" in parameters:
             inputs["logits_to_keep"] = num_kept
+        if image_outputs is not None:
+            # BLIP-2's forward requires the `pixel_values` argument, even as None
+            inputs.update(mm_encoder_outputs={"image": image_outputs}, pixel_values=None)
         logits = model(input_ids=full_ids, attention_mask=full_mask, use_cache=False, **inputs).logits
         return logits[:, -num_kept:]  # (N, T, V)
+
+    @property
+    def encodes_images_once(self) -> bool:
+        # through transformers' pre-encoded images (`mm_encoder_outputs`), which every family here takes; a model
+        # without them reads its image once per caption
+        network = _without_peft_wrapper(self.model)
+        takes_encoded_images = "mm_encoder_outputs" in inspect.signature(network.forward).parameters
+        return takes_encoded_images and callable(getattr(network, "get_image_features", None))
+
+    def _logits_encoding_images_once(self, network, image_inputs, image_index, input_ids, attention_mask):
+        # the model's forward with its `mm_encoder_outputs` (transformers' pre-encoded images) in place of the pixels:
+        # it puts the given features at each row's image tokens as it would have put those of its own pixels
+        inputs = self._model_inputs(image_inputs)
+        features_model = _without_peft_wrapper(network)
+        feature_parameters = inspect.signature(features_model.get_image_features).parameters
+        image_tensors = {name: inputs[name] for name in self.image_tensor_names if name in feature_parameters}
+        image_outputs = features_model.get_image_features(**image_tensors, return_dict=True)
+        num_prompts = inputs["input_ids"].size(0)
+        image_outputs.pooler_output = self._features_per_caption(image_outputs.pooler_output, image_index, num_prompts)
+        # what else conditions the language model (the prompt; Qwen2-VL's `image_grid_thw`, which places its 3D rope
+        # positions) is repeated for each caption
+        per_caption = {
+            name: tensor.index_select(0, image_index)
+            for name, tensor in inputs.items()
+            if name not in ("pixel_values", "pixel_attention_mask", "image_sizes")
+        }
+        return self._prompt_and_caption_logits(network, per_caption, input_ids, attention_mask, image_outputs)
+
+    def _features_per_caption(self, features: Any, image_index: torch.LongTensor, num_prompts: int) -> Any:
+        """
+        The image features of `get_image_features` repeated for each caption: a tensor with one row per prompt
+        (PaliGemma, BLIP-2), or a list with one entry per prompt (the flattened tokens of its image, or of all its
+        image's tiles: SmolVLM, Qwen2-VL, LLaVA), as the model's forward reads it.
+        """
+        if len(features) != num_prompts:
+            raise ValueError(
+                f"{type(self.model).__name__}'s image features have {len(features)} entries for {num_prompts} "
+                "prompts: a prompted captioner reads one image per prompt; collate one image per row with "
+                "`CaptionCollator`."
+            )
+        if isinstance(features, torch.Tensor):
+            return features.index_select(0, image_index)  # (N, image tokens, D)
+        return type(features)(features[row] for row in image_index.tolist())
 
     def _position_ids(
         self, network: nn.Module, input_ids: torch.LongTensor, attention_mask: torch.Tensor, inputs: dict

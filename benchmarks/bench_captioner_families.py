@@ -40,7 +40,6 @@ import contextlib
 import ctypes
 import dataclasses
 import gc
-import json
 import platform
 import resource
 import statistics
@@ -48,14 +47,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
 import datasets
 import torch
 import transformers
 from gpu_check import markdown_table, optimizer_step, synchronize
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import (
     CLIPImageProcessorPil,
     Florence2Config,
@@ -72,17 +70,17 @@ from transformers import (
 from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE as SMOLVLM_CHAT_TEMPLATE
 
 from rlcaption.data import load_shapes
+
+# the tokenizers and processors are built as the test suite's tiny models' are
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
+from tiny_vlms import byte_level_bpe, no_video_processor  # noqa: E402
 
 STEPS = ("xe", "scst", "scst + LoRA")
 # A forward and backward pass of Florence-2-base over one 768-pixel image takes 20 s and 3.4 GB on two CPU cores, and a
 # step passes each image once per caption (5 references, 5 samples): the CPU reads smaller images by default.
 CPU_IMAGE_SIZE = 256
-SCST_TARGET = 2.5  # the issue's GPU target: an SCST step in bf16 at 32 images x 5 samples costs <= 2.5 XE steps
-# Words of the prompts, beside the captions, so that the tokenizers merge them as a real tokenizer would.
-PROMPT_TEXT = (
-    "What does the image describe?", "Describe this image in one sentence.", "User:", "Assistant:",
-)  # fmt: skip
+SCST_TARGET = 2.5  # on a GPU, an SCST step in bf16 at 32 images x 5 samples should cost at most 2.5 XE steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,25 +104,6 @@ class StepCost:
     trained_parameters: int
 
 
-def byte_level_bpe(corpus: Sequence[str], special_tokens: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """
-    A byte-level BPE (BART's, SmolLM2's kind) trained on `corpus`; `special_tokens` take the first ids, in order.
-
-    Returns:
-        `(vocab, merges)` for a transformers tokenizer's `vocab=` and `merges=` arguments.
-    """
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    backend.train_from_iterator([*corpus, *PROMPT_TEXT], trainer)
-    # `tokenizers` exposes a trained BPE's merges only through its serialisation.
-    merges = json.loads(backend.to_str())["model"]["merges"]
-    merges = [tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ")) for merge in merges]
-    return backend.get_vocab(with_added_tokens=True), merges
-
-
 def florence2_base(
     captions: Sequence[str], image_size: int = 768
 ) -> tuple[Florence2ForConditionalGeneration, Florence2Processor]:
@@ -136,7 +115,7 @@ def florence2_base(
             f"a side), got --image_size {image_size}; use e.g. 768 (published) or 256."
         )
     tokenizer = RobertaTokenizer(
-        *byte_level_bpe(captions, ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "<image>"]),
+        *byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>", "<image>"], 1000, captions),
         extra_special_tokens={"image_token": "<image>"},
     )
     # The four DaViT stages (strides 4, 2, 2, 2) leave a grid of side image_size / 32 (24 x 24 at 768 pixels): its
@@ -171,24 +150,6 @@ def florence2_base(
     return model, processor
 
 
-@contextlib.contextmanager
-def without_video_processor():
-    """
-    Lets SmolVLM's processor be built without a video processor. transformers checks every sub-processor against its
-    base class, even one left out, and the video processors' base class needs torchvision, which captioning images
-    does not. Only that check is skipped, and only for an absent video processor.
-    """
-    check_class = ProcessorMixin.check_argument_for_proper_class
-
-    def check_present_arguments(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return check_class(self, argument_name, argument)
-
-    with mock.patch.object(ProcessorMixin, "check_argument_for_proper_class", check_present_arguments):
-        yield
-
-
 def smolvlm_256m(
     captions: Sequence[str], image_size: int = 512
 ) -> tuple[SmolVLMForConditionalGeneration, SmolVLMProcessor]:
@@ -205,7 +166,7 @@ def smolvlm_256m(
         "<global-img>",
     ]  # fmt: skip
     tokenizer = GPT2Tokenizer(
-        *byte_level_bpe(captions, special_tokens),
+        *byte_level_bpe(special_tokens, 1000, captions),
         unk_token="<|endoftext|>",
         bos_token="<|im_start|>",
         eos_token="<end_of_utterance>",
@@ -215,7 +176,7 @@ def smolvlm_256m(
     image_processor = SmolVLMImageProcessorPil(
         do_image_splitting=False, size={"longest_edge": image_size}, max_image_size={"longest_edge": image_size}
     )
-    with without_video_processor():
+    with no_video_processor():
         processor = SmolVLMProcessor(
             image_processor=image_processor,
             tokenizer=tokenizer,

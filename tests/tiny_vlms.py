@@ -45,6 +45,7 @@ with `save_pretrained`; build them again with `make_tiny_vlm`.
 import contextlib
 import json
 import random
+from collections.abc import Sequence
 from types import SimpleNamespace
 from unittest import mock
 
@@ -120,10 +121,12 @@ def _training_corpus() -> list[str]:
     return [*(caption for scene in scenes for caption in describe_scene(scene, rng)), *_PROMPT_TEXT]
 
 
-def _byte_level_bpe(special_tokens: list[str], vocab_size: int = 600) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def byte_level_bpe(
+    special_tokens: list[str], vocab_size: int = 600, corpus: Sequence[str] | None = None
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """
-    A byte-level BPE (GPT-2, RoBERTa/BART, OPT, Qwen2, SmolLM2) trained on the shapes corpus; `special_tokens` take
-    the first ids, in order.
+    A byte-level BPE (GPT-2, RoBERTa/BART, OPT, Qwen2, SmolLM2) trained on `corpus` and the prompts' words (the
+    shapes corpus when `None`); `special_tokens` take the first ids, in order.
 
     Returns:
         `(vocab, merges)` for a transformers tokenizer's `vocab=` and `merges=` arguments.
@@ -159,7 +162,7 @@ def _gemma_bpe(special_tokens: list[str], vocab_size: int = 700) -> tuple[dict[s
 
 
 @contextlib.contextmanager
-def _no_video_processor():
+def no_video_processor():
     """
     Lets Qwen2-VL's and SmolVLM's processors be built without a video processor. transformers 5.25 checks every
     sub-processor against its base class, even one left out, and the video processors' base class needs torchvision,
@@ -178,7 +181,7 @@ def _no_video_processor():
 
 def _florence2(seed: int):
     tokenizer = RobertaTokenizer(
-        *_byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>", "<image>"]),
+        *byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>", "<image>"]),
         extra_special_tokens={"image_token": "<image>"},
     )
     # Two stages of DaViT (strides 4 and 2) leave a 4 x 4 grid of 32-wide features: 16 spatial tokens and the
@@ -222,7 +225,7 @@ def _blip2(seed: int):
     # OPT's tokenizer: GPT-2's byte-level BPE with BART's special tokens, and `</s>` as bos and eos, prepended to
     # every text.
     tokenizer = GPT2Tokenizer(
-        *_byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>"]),
+        *byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>"]),
         bos_token="</s>",
         eos_token="</s>",
         unk_token="<unk>",
@@ -334,7 +337,7 @@ _QWEN2_VL_SPECIAL_TOKENS = [
 
 def _qwen2_vl(seed: int):
     tokenizer = Qwen2Tokenizer(
-        *_byte_level_bpe(_QWEN2_VL_SPECIAL_TOKENS),
+        *byte_level_bpe(_QWEN2_VL_SPECIAL_TOKENS),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         extra_special_tokens=_QWEN2_VL_SPECIAL_TOKENS[1:],
@@ -347,7 +350,7 @@ def _qwen2_vl(seed: int):
         temporal_patch_size=2,
         merge_size=2,
     )
-    with _no_video_processor():
+    with no_video_processor():
         processor = Qwen2VLProcessor(
             image_processor=image_processor,
             tokenizer=tokenizer,
@@ -394,7 +397,7 @@ _SMOLVLM_SPECIAL_TOKENS = [
 
 def _smolvlm(seed: int):
     tokenizer = GPT2Tokenizer(
-        *_byte_level_bpe(_SMOLVLM_SPECIAL_TOKENS),
+        *byte_level_bpe(_SMOLVLM_SPECIAL_TOKENS),
         unk_token="<|endoftext|>",
         bos_token="<|im_start|>",
         eos_token="<end_of_utterance>",
@@ -408,7 +411,7 @@ def _smolvlm(seed: int):
         size={"longest_edge": TINY_VLM_IMAGE_SIZE},
         max_image_size={"longest_edge": TINY_VLM_IMAGE_SIZE},
     )
-    with _no_video_processor():
+    with no_video_processor():
         processor = SmolVLMProcessor(
             image_processor=image_processor,
             tokenizer=tokenizer,

@@ -27,10 +27,10 @@ the config's defaults: every linear layer but the output layer). Each row builds
 mean of `--steps` steps after one warm-up step. Peak memory is that of building the model and running the row's steps:
 on the CPU the growth of the process's maximum resident set size (`resource.getrusage`, its high-water mark reset
 before the row through `/proc/self/clear_refs`; "n/a" where that file is missing), on a GPU
-`torch.cuda.max_memory_allocated`. The issue's GPU target, SCST <= 2.5x XE in bf16 at 32 images x 5 samples, is
-printed under the table, not enforced. A row whose batch does not fit the GPU reads "out of memory"; at the published
-image sizes each caption reads its image again through the vision tower in a teacher-forced pass (5 references or
-samples per image), so 32 images x 5 captions may need `--gradient_checkpointing` or a smaller `--batch_size`.
+`torch.cuda.max_memory_allocated`. The GPU target, SCST <= 2.5x XE in bf16 at 32 images x 5 samples, is printed
+under the table, not enforced. A row whose batch does not fit the GPU reads "out of memory"; at the published image
+sizes the language model reads every caption's image tokens (5 references or samples per image), so 32 images x 5
+captions may need `--gradient_checkpointing` or a smaller `--batch_size`.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ from tiny_vlms import byte_level_bpe, no_video_processor  # noqa: E402
 
 STEPS = ("xe", "scst", "scst + LoRA")
 # A forward and backward pass of Florence-2-base over one 768-pixel image takes 20 s and 3.4 GB on two CPU cores, and a
-# step passes each image once per caption (5 references, 5 samples): the CPU reads smaller images by default.
+# step passes 5 captions of each image (references or samples): the CPU reads smaller images by default.
 CPU_IMAGE_SIZE = 256
 SCST_TARGET = 2.5  # on a GPU, an SCST step in bf16 at 32 images x 5 samples should cost at most 2.5 XE steps
 

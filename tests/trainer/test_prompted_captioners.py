@@ -5,6 +5,7 @@ the prompt cut off, teacher forcing equals a plain forward pass over the caption
 sequence-level objective changes the weights with the library's default prompt.
 """
 
+import copy
 import types
 
 import pytest
@@ -13,7 +14,7 @@ from transformers import GenerationConfig
 
 from rlcaption.data.collator import CaptionCollator
 from rlcaption.generation import caption_logits, captioner_for, image_inputs_of
-from rlcaption.generation.prompted_captioners import PromptedDecoderCaptioner
+from rlcaption.generation.prompted_captioners import PromptedDecoderCaptioner, image_placeholder_token_ids
 from rlcaption.trainer import RLCaptionConfig, RLCaptionTrainer
 from tiny_clips import save_reward_clip
 from tiny_vlms import TINY_VLM_FAMILIES, make_tiny_vlm
@@ -136,8 +137,11 @@ def test_teacher_forcing_scores_a_caption_as_generate_decoded_it(rows):
             do_sample=True, num_return_sequences=2, max_new_tokens=MAX_NEW_TOKENS, output_logits=True,
             return_dict_in_generate=True,
         )  # fmt: skip
+        # the same draws: rlcaption never lets a decoder-only model generate an image placeholder token
+        their_sampling = copy.deepcopy(sampling)
+        their_sampling.suppress_tokens = image_placeholder_token_ids(model.config) if is_decoder_only(model) else None
         torch.manual_seed(0)
-        theirs = model.generate(**captioner._model_inputs(conditioning), generation_config=sampling)
+        theirs = model.generate(**captioner._model_inputs(conditioning), generation_config=their_sampling)
         step_logits = torch.stack(theirs.logits, dim=1)  # (N, new tokens, V)
         torch.manual_seed(0)
         generated = captioner.generate(conditioning, sampling)
@@ -188,6 +192,39 @@ def test_sequence_level_objectives_train_with_the_default_prompt(family, objecti
     assert changed, f"{objective} changed no weight of {family}"
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.parametrize("family", [family for family in TINY_VLM_FAMILIES if family != "florence2"])
+def test_decoder_only_captioners_never_sample_an_image_placeholder(family, rows):
+    # the model's forward counts the placeholders of its whole input: a caption holding one could not be scored
+    model, processor = build(family)
+    placeholders = image_placeholder_token_ids(model.config)
+    assert placeholders
+    with torch.no_grad():  # a model that would write nothing but its image token
+        model.get_output_embeddings().weight[placeholders[0]] *= 1000.0
+    captioner = captioner_for(model)
+    conditioning = image_inputs_of(collate(model, processor, rows))
+    sampling = GenerationConfig(do_sample=True, num_return_sequences=3, max_new_tokens=MAX_NEW_TOKENS)
+    sequences = captioner.generate(conditioning, sampling)
+    assert not torch.isin(sequences[:, 1:], torch.tensor(placeholders)).any()
+    image_index = torch.arange(len(rows)).repeat_interleave(3)
+    with torch.no_grad():
+        assert torch.isfinite(caption_logits(model, conditioning, sequences, image_index=image_index)).all()
+
+
+@pytest.mark.parametrize("family", TINY_VLM_FAMILIES)
+def test_scst_with_lora_trains_only_the_adapters_with_the_default_prompt(family, tiny_shapes, tmp_path):
+    model, processor = build(family)
+    before = {id(parameter): parameter.detach().clone() for parameter in model.parameters()}
+    trainer = make_trainer(model, processor, tiny_shapes, tmp_path, objective="scst", use_peft=True, lora_r=4)
+    trainer.train()
+    adapters = {name: parameter for name, parameter in trainer.model.named_parameters() if "lora_" in name}
+    assert adapters and all(parameter.requires_grad for parameter in adapters.values())
+    # peft wraps the captioner's own layers: each of its weights is the tensor it was, unchanged
+    base = [parameter for name, parameter in trainer.model.named_parameters() if "lora_" not in name]
+    assert base and all(torch.equal(before[id(parameter)], parameter) for parameter in base)
+    # lora_B starts at zero, so the adapters that moved off it are those the two steps trained
+    assert any(parameter.abs().sum() > 0 for name, parameter in adapters.items() if "lora_B" in name), family
 
 
 @pytest.mark.parametrize("family", ("florence2", DECODER_ONLY_FAMILY))

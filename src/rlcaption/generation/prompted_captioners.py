@@ -84,6 +84,19 @@ def prompt_inputs(processor_outputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def image_placeholder_token_ids(config: Any) -> list[int]:
+    """The ids of the tokens a multimodal config reserves for images and videos (`image_token_id`,
+    `image_token_index`, `video_token_id`, Qwen2-VL's `vision_start_token_id`, ...), which its forward finds in the
+    input ids to place the vision features."""
+    return sorted(
+        value
+        for name, value in vars(config).items()
+        if isinstance(value, int)
+        and any(kind in name for kind in ("image", "video", "vision"))
+        and name.endswith(("_token_id", "_token_index"))
+    )
+
+
 class PromptedCaptioner(Captioner):
     """
     What every prompted family shares: the batch entries it is conditioned on, its default prompt and how a prompt
@@ -276,6 +289,15 @@ class PromptedDecoderCaptioner(PromptedCaptioner):
     @property
     def generation_module(self) -> nn.Module:
         return self.model
+
+    def complete_generation_config(self, generation_config: GenerationConfig) -> GenerationConfig:
+        """[`Captioner.complete_generation_config`], with the model's image placeholder tokens never generated: the
+        model's forward counts them in its whole input to place the image features, so a caption holding one could
+        not be scored (and a token that stands for pixels is no word of a caption)."""
+        config = super().complete_generation_config(generation_config)
+        suppressed = set(config.suppress_tokens or []) | set(image_placeholder_token_ids(self.model.config))
+        config.suppress_tokens = sorted(suppressed) or None
+        return config
 
     def _model_generate(self, image_inputs, config):
         inputs = self._model_inputs(image_inputs)

@@ -25,6 +25,8 @@ from rlcaption.data.features import (
     extract_features,
     run_extract_features,
 )
+from rlcaption.models.show_tell_rl.encoders import encode_images_with_backbone
+from rlcaption.processing import image_processor_of_extractor
 
 
 class SimulatedInterruption(Exception):
@@ -278,7 +280,10 @@ def test_the_manifest_records_the_extractor(shapes, tiny_resnet, tmp_path):
     record = features_module.read_feature_extractor(tmp_path / "dataset")
     assert record["model"] == tiny_resnet and record["pooling"] == "none" and record["layout"] == "grid"
     assert record["image_processor"] == json.loads(AutoImageProcessor.from_pretrained(tiny_resnet).to_json_string())
-    extractor = features_module.ImageFeatureExtractor(record)
-    features = extractor(list(shapes["test"]["image"]))
+    # the record rebuilds the extraction: its image processor, then the backbone pooled as recorded
+    pixel_values = image_processor_of_extractor(record)(images=list(shapes["test"]["image"]), return_tensors="pt")
+    with torch.inference_mode():
+        backbone = AutoModel.from_pretrained(record["model"]).eval()
+        features = encode_images_with_backbone(backbone, pixel_values["pixel_values"], record["pooling"])
     np.testing.assert_allclose(features.numpy(), _reference_grids(shapes["test"], tiny_resnet), atol=1e-5)
     assert features_module.read_feature_extractor(tmp_path / "elsewhere") is None

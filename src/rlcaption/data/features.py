@@ -41,7 +41,6 @@ from pathlib import Path
 import datasets
 import numpy as np
 import torch
-import transformers
 from tqdm.auto import tqdm
 from transformers import AutoImageProcessor, AutoModel
 
@@ -53,7 +52,6 @@ from .images import convert_to_rgb
 from .loading import load_saved_dataset
 
 __all__ = [
-    "ImageFeatureExtractor",
     "configure_extract_features_parser",
     "describe_feature_extractor",
     "extract_features",
@@ -73,12 +71,6 @@ def _load_backbone(model_name_or_path: str | os.PathLike, device: torch.device, 
     image_processor = AutoImageProcessor.from_pretrained(model_name_or_path, local_files_only=local_files_only)
     model = AutoModel.from_pretrained(model_name_or_path, local_files_only=local_files_only).to(device).eval()
     return image_processor, model
-
-
-def _encode_images(model, pixel_values: torch.Tensor, pooling: str) -> torch.Tensor:
-    """Features of shape `(batch_size, feature_size)`, or `(batch_size, num_positions, feature_size)` with
-    `pooling="none"`: what a captioner trained on them computes from pixels too."""
-    return encode_images_with_backbone(model, pixel_values, pooling)
 
 
 def _as_dataset_dict(dataset: datasets.Dataset | datasets.DatasetDict) -> datasets.DatasetDict:
@@ -185,7 +177,9 @@ def _extract_shard(
         images = [convert_to_rgb(image) for image in images_only[batch_start:batch_stop]["image"]]
         pixel_values = image_processor(images=images, return_tensors="pt")["pixel_values"]
         with torch.inference_mode():
-            features = _encode_images(model, pixel_values.to(device=device, dtype=dtype), pooling)  # (B, [N,] D)
+            features = encode_images_with_backbone(
+                model, pixel_values.to(device=device, dtype=dtype), pooling
+            )  # (B, [N,] D)
         batches.append(features.float().cpu().numpy())
         progress.update(batch_stop - batch_start)
     return np.concatenate(batches, axis=0)
@@ -403,36 +397,6 @@ def describe_feature_extractor(record: dict | None) -> str:
     if record is None:
         return "features with no recorded extractor (e.g. region features)"
     return f"{record['layout']} features (pooling {record['pooling']!r}) of the backbone {record['model']!r}"
-
-
-class ImageFeatureExtractor:
-    """
-    Runs the backbone recorded by [`read_feature_extractor`] over new images, processed by the image processor it was
-    extracted with: the `image_features` a captioner trained on that dataset reads.
-
-    Args:
-        record (`dict`): the extractor record (a features manifest's, or a captioner config's
-            `image_feature_extractor`).
-        device (`str` or `torch.device`, *optional*, defaults to `"cpu"`).
-    """
-
-    def __init__(self, record: dict, device: str | torch.device = "cpu"):
-        self.record = record
-        self.pooling = record["pooling"]
-        image_processor, self.model = _load_backbone(record["model"], torch.device(device), option="the backbone")
-        if record.get("image_processor"):
-            settings = dict(record["image_processor"])
-            image_processor = getattr(transformers, settings.pop("image_processor_type")).from_dict(settings)
-        self.image_processor = image_processor
-
-    def __call__(self, images: list) -> torch.Tensor:
-        """`image_features` of PIL `images`: `(batch_size, feature_size)`, or `(batch_size, num_positions,
-        feature_size)` for grids."""
-        parameter = next(self.model.parameters())
-        pixel_values = self.image_processor(images=[convert_to_rgb(image) for image in images], return_tensors="pt")
-        with torch.inference_mode():
-            pixels = pixel_values["pixel_values"].to(device=parameter.device, dtype=parameter.dtype)
-            return _encode_images(self.model, pixels, self.pooling).float()
 
 
 def configure_extract_features_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -59,6 +59,7 @@ __all__ = [
     "VisionEncoderDecoderCaptioner",
     "captioner_for",
     "forward_through",
+    "is_peft_model",
     "register_captioner",
 ]
 
@@ -613,11 +614,16 @@ def register_captioner(family: type[Captioner]) -> type[Captioner]:
     return family
 
 
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether `model` is a peft `PeftModel`, adapters around a base model (duck-typed, so that peft is imported only
+    by those who use it)."""
+    return callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config")
+
+
 def _without_peft_wrapper(model: nn.Module) -> nn.Module:
-    """The model a peft `PeftModel` wraps (duck-typed, so that peft is imported only by those who use it); `model`
-    itself otherwise. The wrapper's `forward(*args, **kwargs)` hides the image inputs of the model inside."""
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) and hasattr(model, "peft_config") else model
+    """The model a peft `PeftModel` wraps; `model` itself otherwise. The wrapper's `forward(*args, **kwargs)` hides
+    the image inputs of the model inside."""
+    return model.get_base_model() if is_peft_model(model) else model
 
 
 def _missing_capability(model: nn.Module) -> str:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from ..generation.captioners import is_peft_model
 from ..generation.decoding import sample_token_log_probs
 
 __all__ = [
@@ -30,15 +31,6 @@ __all__ = [
 
 # The subfolder of a saved model where `save_merged_model` writes the merged weights.
 MERGED_MODEL_FOLDER = "merged"
-
-
-def is_peft_model(model: nn.Module) -> bool:
-    """Whether `model` is a peft `PeftModel` (peft is imported only when installed)."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
 
 
 def lora_config_of(args: Any, model: nn.Module):

@@ -122,12 +122,12 @@ def self_critical_loss(
     inputs: dict[str, Any],
     baseline: str,
     entropy_bonus_weight: float = 0.0,
-    beta: float = 0.0,
+    with_kl_penalty: bool = False,
 ) -> torch.Tensor:
     """
     The SCST loss of a batch: REINFORCE on `num_samples_per_image` captions sampled per image, scored by the
     trainer's rewards against `baseline` (one of [`BASELINES`]), with `−w · H` added for an `entropy_bonus_weight` w >
-    0, and the KL penalty `beta · KL(π‖π_ref)` of [`kl_penalty`] for `beta` > 0 (`trainer.args.beta`).
+    0, and with `with_kl_penalty` the KL penalty `beta · KL(π‖π_ref)` of [`kl_penalty`] (`trainer.args.beta`).
     [`SCSTObjective`]'s loss, and the naturalness term of `psst` (without the penalty).
     """
     args = trainer.args
@@ -169,7 +169,7 @@ def self_critical_loss(
     trainer.record_metric("advantage_std", advantages.std() if advantages.numel() > 1 else 0.0)
     trainer.record_metric("sample_length", mask.sum(dim=1).mean())
     loss = policy_gradient_loss(log_probs, mask, advantages, args.loss_normalization)
-    if beta > 0:
+    if with_kl_penalty:
         # 4. KL penalty to the starting policy, on the same samples
         loss = loss + kl_penalty(trainer, image_inputs, samples.sequences, log_probs, mask, image_index=sample_index)
     if entropy_bonus_weight == 0:
@@ -205,5 +205,5 @@ class SCSTObjective(CaptionObjective):
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         args = self.args
         return self_critical_loss(
-            self.trainer, model, inputs, args.baseline, args.entropy_bonus_weight, beta=args.beta
+            self.trainer, model, inputs, args.baseline, args.entropy_bonus_weight, with_kl_penalty=args.beta > 0
         )

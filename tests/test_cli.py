@@ -1,4 +1,8 @@
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,3 +183,51 @@ def test_lookahead_lambda_is_refused_for_a_model_without_a_value_network(
     folder = saved_policy_value[0]
     assert main([command, "--model", str(folder), "--lookahead-lambda", "0.4", "--num-beams", "1", *inputs]) == 1
     assert "--num-beams >= 2" in capsys.readouterr().err
+
+
+def _console_command() -> str:
+    return str(Path(sys.executable).with_name("rlcaption"))
+
+
+def _imported_modules(stderr: str) -> set[str]:
+    """The modules `python -X importtime` (PYTHONPROFILEIMPORTTIME) reports as imported."""
+    return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [_console_command(), "--help"],
+        [_console_command(), "caption", "--num-beams", "two"],
+        [sys.executable, "-m", "rlcaption", "evaluate", "--help"],
+    ],
+    ids=["help", "argument error", "python -m"],
+)
+def test_help_and_argument_errors_answer_without_importing_torch(command):
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}, timeout=60
+    )
+    assert result.returncode in (0, 2) and "usage: rlcaption" in result.stdout + result.stderr
+    imported = _imported_modules(result.stderr)
+    assert "rlcaption.cli" in imported
+    assert not {module for module in imported if module.split(".")[0] in ("torch", "transformers", "datasets")}
+
+
+def test_console_command_runs_a_subcommand_and_import_rlcaption_registers_the_auto_classes(saved_model, tmp_path):
+    folder, model, processor = saved_model
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), "red").save(image)
+    captioned = subprocess.run(
+        [_console_command(), "caption", "--model", str(folder), str(image)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert captioned.returncode == 0, captioned.stderr
+    pixel_values = processor(images=[Image.open(image)], return_tensors="pt")["pixel_values"]
+    expected = generate_captions(model, processor, {"pixel_values": pixel_values}, num_beams=3, max_length=21).texts
+    assert captioned.stdout.strip() == f"{image}\t{expected[0]}"
+    registered = subprocess.run(
+        [sys.executable, "-c", "import rlcaption, transformers\n"
+         "print(type(transformers.AutoConfig.for_model('show_tell_rl')).__name__)"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert registered.stdout.strip() == "ShowTellRLConfig", registered.stderr

@@ -32,7 +32,9 @@ LAYERS = [
     {"recipe_arguments"},
     {"recipes"},
     {"shapes.demo"},
+    {"api"},
     {"cli", "__init__"},
+    {"__main__"},
 ]
 # packages whose modules are units each
 SPLIT_PACKAGES = {"shapes"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from transformers import HfArgumentParser
 
-from rlcaption.cli import _build_parser
+from rlcaption.cli import build_parser
 from test_recipes import load_recipe
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def test_the_coco_commands_name_only_options_their_scripts_take(tmp_path, monkey
     recipes = []
     for words in _shell_commands(section):
         if words[0] == "rlcaption":
-            _build_parser().parse_args(words[1:])
+            build_parser().parse_args(words[1:])
             continue
         if words[:2] == ["python", "-c"]:
             ast.parse(words[2])
@@ -206,7 +206,7 @@ def _rlcaption_commands(page: Path) -> list[list[str]]:
 @pytest.mark.parametrize("page", [page for page in PAGES if _rlcaption_commands(page)], ids=_page_id)
 def test_every_rlcaption_command_parses(page):
     for words in _rlcaption_commands(page):
-        _build_parser().parse_args(words[1:])
+        build_parser().parse_args(words[1:])
 
 
 # ------------------------------------------------------------------ links

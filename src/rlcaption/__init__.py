@@ -1,68 +1,35 @@
 """rlcaption: reinforcement learning for image captioning with Hugging Face models."""
 
-from . import auto  # noqa: F401  (registers the Auto classes before anyone calls from_pretrained)
-from .data import CaptionCollator, load_caption_dataset, load_coco, load_karpathy, load_shapes
-from .evaluation import evaluate_model
-from .metrics import evaluate_captions
-from .models import (
-    PolicyValueCaptioner,
-    PolicyValueConfig,
-    ShapesCLIPConfig,
-    ShapesCLIPModel,
-    ShowTellRL,
-    ShowTellRLConfig,
-    ShowTellRLOutput,
-    ShowTellRLState,
-    SpeakerListener,
-    SpeakerListenerConfig,
-    VisualSemanticEmbedding,
-    VisualSemanticEmbeddingConfig,
-)
-from .objectives import (
-    ActorCriticConfig,
-    PSSTConfig,
-    SCSTConfig,
-    SLEConfig,
-    SpiderPGConfig,
-    WTFConfig,
-)
-from .processing import CaptionProcessor
-from .rewards import RewardMix, available_rewards, get_reward, register_reward
-from .trainer import RLCaptionConfig, RLCaptionTrainer
+import importlib
+import sys
+from pathlib import Path
+
+
+def _started_by_the_console_command() -> bool:
+    """
+    Whether this import is the start of the `rlcaption` command (or `python -m rlcaption`). The command's parser
+    imports nothing heavy, so that `--help` and argument errors answer at once, and each subcommand imports what it
+    runs; everyone else gets the whole API, and the Auto classes registered, from `import rlcaption`.
+    """
+    if sys.argv and Path(sys.argv[0]).name in ("rlcaption", "rlcaption.exe"):
+        return True
+    # while `python -m` looks for its module, sys.argv[0] is "-m"; the interpreter's own arguments name the module
+    arguments = getattr(sys, "orig_argv", [])
+    return sys.argv[:1] == ["-m"] and "-m" in arguments and arguments[arguments.index("-m") + 1 :][:1] == ["rlcaption"]
+
 
 __version__ = "0.1.0.dev0"
 
-__all__ = [
-    "ActorCriticConfig",
-    "PSSTConfig",
-    "PolicyValueCaptioner",
-    "PolicyValueConfig",
-    "CaptionCollator",
-    "CaptionProcessor",
-    "RLCaptionConfig",
-    "RLCaptionTrainer",
-    "RewardMix",
-    "SCSTConfig",
-    "SLEConfig",
-    "ShapesCLIPConfig",
-    "ShapesCLIPModel",
-    "ShowTellRL",
-    "ShowTellRLConfig",
-    "ShowTellRLOutput",
-    "ShowTellRLState",
-    "SpeakerListener",
-    "SpeakerListenerConfig",
-    "SpiderPGConfig",
-    "VisualSemanticEmbedding",
-    "VisualSemanticEmbeddingConfig",
-    "WTFConfig",
-    "available_rewards",
-    "evaluate_captions",
-    "evaluate_model",
-    "get_reward",
-    "load_caption_dataset",
-    "load_coco",
-    "load_karpathy",
-    "load_shapes",
-    "register_reward",
-]
+if not _started_by_the_console_command():
+    from .api import *  # noqa: F403
+    from .api import __all__ as __all__
+
+
+def __getattr__(name: str):
+    # reached only for a name not imported yet: in the console command, whose subcommands import the API on first use.
+    # import_module, not `from . import api`, which would ask this function for `api` again; while the API is being
+    # imported it has no `__all__` yet, and its own `from . import <submodule>` must fall through to the import system
+    api = importlib.import_module(f"{__name__}.api")
+    if name in getattr(api, "__all__", ()):
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

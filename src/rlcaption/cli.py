@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _add_lookahead_argument(parser: argparse.ArgumentParser, note: str = "") -> None:
@@ -205,10 +205,72 @@ def _run_demo(args: argparse.Namespace) -> None:
     run_demo(output_dir=args.output_dir, quick=args.quick)
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    from .data.features import configure_extract_features_parser, run_extract_features
-    from .metrics.spice import configure_download_spice_parser, run_download_spice
+def _configure_extract_features_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Add a precomputed `image_features` column (pooled, or grids with --pooling none) to a captioning dataset "
+        "with any transformers vision backbone. Resumable: rerun the same command after an interruption."
+    )
+    parser.add_argument(
+        "--dataset",
+        required=True,
+        help="`shapes` for the embedded synthetic dataset (default sizes), or a folder written by `save_to_disk`.",
+    )
+    parser.add_argument("--model", required=True, help="Hub id or local folder of the vision backbone.")
+    parser.add_argument("--output-dir", required=True, help="Where shards and the resulting dataset are written.")
+    parser.add_argument("--batch-size", type=int, default=32, help="Images per forward pass (default: 32).")
+    parser.add_argument("--split", default=None, help="Process only this split (default: all splits).")
+    parser.add_argument("--device", default=None, help="Device, e.g. `cpu` or `cuda:0` (default: cuda if available).")
+    parser.add_argument("--shard-size", type=int, default=1024, help="Rows per resumable shard (default: 1024).")
+    parser.add_argument(
+        "--pooling",
+        choices=("auto", "none"),  # the encoders' POOLING_MODES, which this parser must not import
+        default="auto",
+        help="`auto`: one vector per image (the backbone's pooler output, else the mean over positions); `none`: "
+        "the grid of positions, (N, D) per image, for attention (a ResNet's 7x7x2048 is 49x2048). Default: auto.",
+    )
 
+
+def _run_extract_features(args: argparse.Namespace) -> None:
+    from .data.features import run_extract_features
+
+    run_extract_features(args)
+
+
+def _configure_download_spice_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Download the Stanford CoreNLP 3.6.0 jars SPICE needs (~400 MB, from the Stanford NLP site) and the "
+        "standalone Nashorn engine SPICE needs on Java >= 15 (from Maven Central)."
+    )
+    parser.add_argument(
+        "--target-dir",
+        default=None,
+        help="directory for the jars (default: $RLCAPTION_SPICE_LIB or pycocoevalcap/spice/lib)",
+    )
+    parser.add_argument(
+        "--corenlp-url",
+        default=None,
+        help="URL of stanford-corenlp-full-2015-12-09.zip (default: the Stanford site's)",
+    )
+    parser.add_argument(
+        "--maven-url", default=None, help="Maven repository for Nashorn and ASM (default: Maven Central)"
+    )
+    parser.add_argument(
+        "--no-nashorn", action="store_true", help="skip the Nashorn jars (only SPICE on Java 8-14 will work)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _run_download_spice(args: argparse.Namespace) -> None:
+    from .metrics.spice import run_download_spice
+
+    run_download_spice(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """
+    The parser of every subcommand. It imports nothing heavy, so that `--help` and argument errors answer at once;
+    each subcommand imports what it needs when it runs.
+    """
     parser = argparse.ArgumentParser(prog="rlcaption", description="Reinforcement learning for image captioning.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     commands = [
@@ -218,14 +280,14 @@ def _build_parser() -> argparse.ArgumentParser:
         (
             "extract-features",
             "Add precomputed image features to a dataset.",
-            configure_extract_features_parser,
-            run_extract_features,
+            _configure_extract_features_parser,
+            _run_extract_features,
         ),
         (
             "download-spice",
             "Fetch the Stanford CoreNLP jars SPICE needs (needs internet).",
-            configure_download_spice_parser,
-            run_download_spice,
+            _configure_download_spice_parser,
+            _run_download_spice,
         ),
     ]
     for name, help_text, configure, run in commands:
@@ -236,7 +298,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
+    from . import api  # noqa: F401  (the whole API, and the Auto classes registered, as `import rlcaption` gives)
+
     try:
         args.run(args)
     except (FileNotFoundError, ValueError, RuntimeError) as error:

@@ -1,4 +1,3 @@
-import argparse
 import json
 import shutil
 
@@ -18,10 +17,10 @@ from transformers import (
     ViTModel,
 )
 
+from rlcaption.cli import build_parser
 from rlcaption.data import features as features_module
 from rlcaption.data import load_shapes
 from rlcaption.data.features import (
-    configure_extract_features_parser,
     extract_features,
     run_extract_features,
 )
@@ -174,15 +173,18 @@ def test_rerun_with_other_settings_is_refused(shapes, tiny_vit, tmp_path):
 def test_command_line(shapes, tiny_vit, tmp_path, capsys):
     saved = tmp_path / "saved"
     shapes.save_to_disk(str(saved))
-    parser = configure_extract_features_parser(argparse.ArgumentParser())
+    parser = build_parser()
     args = parser.parse_args(
-        ["--dataset", str(saved), "--model", tiny_vit, "--output-dir", str(tmp_path / "cli"), "--batch-size", "8"]
-    )
+        ["extract-features", "--dataset", str(saved), "--model", tiny_vit, "--output-dir", str(tmp_path / "cli"),
+         "--batch-size", "8"]
+    )  # fmt: skip
     result = run_extract_features(args)
     assert result["train"].num_rows == 13 and len(result["train"][0]["image_features"]) == 16
     assert "image_features" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="neither `shapes` nor a folder"):
-        run_extract_features(parser.parse_args(["--dataset", "nowhere", "--model", "m", "--output-dir", "o"]))
+        run_extract_features(
+            parser.parse_args(["extract-features", "--dataset", "nowhere", "--model", "m", "--output-dir", "o"])
+        )
 
 
 def test_backbone_by_hub_id_from_a_local_hub_cache(shapes, tiny_vit, tmp_path, monkeypatch):
@@ -253,8 +255,10 @@ def test_unknown_pooling_and_pooled_manifests_of_older_versions(shapes, tiny_vit
 def test_command_line_grid_features(shapes, tiny_vit, tmp_path):
     saved = tmp_path / "saved"
     shapes.save_to_disk(str(saved))
-    parser = configure_extract_features_parser(argparse.ArgumentParser())
-    arguments = ["--dataset", str(saved), "--model", tiny_vit, "--output-dir", str(tmp_path / "cli")]
+    parser = build_parser()
+    arguments = [
+        "extract-features", "--dataset", str(saved), "--model", tiny_vit, "--output-dir", str(tmp_path / "cli"),
+    ]  # fmt: skip
     result = run_extract_features(parser.parse_args([*arguments, "--split", "test", "--pooling", "none"]))
     assert np.asarray(result["test"][0]["image_features"]).shape == (17, 16)
     with pytest.raises(SystemExit):

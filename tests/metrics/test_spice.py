@@ -4,7 +4,6 @@ The real SPICE needs the Stanford CoreNLP 3.6.0 jars (~400 MB from the internet)
 with the preflight's reason, where they are absent.
 """
 
-import argparse
 import io
 import json
 import stat
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcaption.cli import build_parser
 from rlcaption.metrics import spice as spice_module
 from rlcaption.metrics.java import java_major_version
 from rlcaption.metrics.spice import (
@@ -24,7 +24,6 @@ from rlcaption.metrics.spice import (
     NASHORN_JARS,
     check_spice,
     compute_spice,
-    configure_download_spice_parser,
     download_spice,
     run_download_spice,
 )
@@ -274,11 +273,11 @@ def test_download_spice_detects_a_truncated_download(monkeypatch, tmp_path):
 
 def test_console_subcommand(download_sources, tmp_path, capsys):
     corenlp_url, maven_url, expected = download_sources
-    parser = configure_download_spice_parser(argparse.ArgumentParser(prog="rlcaption download-spice"))
     target = tmp_path / "cli_target"
-    args = parser.parse_args(
-        ["--target-dir", str(target), "--corenlp-url", corenlp_url, "--maven-url", maven_url, "--quiet"]
-    )
+    args = build_parser().parse_args(
+        ["download-spice", "--target-dir", str(target), "--corenlp-url", corenlp_url, "--maven-url", maven_url,
+         "--quiet"]
+    )  # fmt: skip
     assert run_download_spice(args) == 0
     assert sorted(path.name for path in target.iterdir()) == sorted(expected)
     output = capsys.readouterr().out

@@ -52,7 +52,6 @@ from .images import convert_to_rgb
 from .loading import load_saved_dataset
 
 __all__ = [
-    "configure_extract_features_parser",
     "describe_feature_extractor",
     "extract_features",
     "read_feature_extractor",
@@ -397,33 +396,6 @@ def describe_feature_extractor(record: dict | None) -> str:
     if record is None:
         return "features with no recorded extractor (e.g. region features)"
     return f"{record['layout']} features (pooling {record['pooling']!r}) of the backbone {record['model']!r}"
-
-
-def configure_extract_features_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the arguments of `rlcaption extract-features` to `parser`."""
-    parser.description = (
-        "Add a precomputed `image_features` column (pooled, or grids with --pooling none) to a captioning dataset "
-        "with any transformers vision backbone. Resumable: rerun the same command after an interruption."
-    )
-    parser.add_argument(
-        "--dataset",
-        required=True,
-        help="`shapes` for the embedded synthetic dataset (default sizes), or a folder written by `save_to_disk`.",
-    )
-    parser.add_argument("--model", required=True, help="Hub id or local folder of the vision backbone.")
-    parser.add_argument("--output-dir", required=True, help="Where shards and the resulting dataset are written.")
-    parser.add_argument("--batch-size", type=int, default=32, help="Images per forward pass (default: 32).")
-    parser.add_argument("--split", default=None, help="Process only this split (default: all splits).")
-    parser.add_argument("--device", default=None, help="Device, e.g. `cpu` or `cuda:0` (default: cuda if available).")
-    parser.add_argument("--shard-size", type=int, default=1024, help="Rows per resumable shard (default: 1024).")
-    parser.add_argument(
-        "--pooling",
-        choices=POOLING_MODES,
-        default="auto",
-        help="`auto`: one vector per image (the backbone's pooler output, else the mean over positions); `none`: "
-        "the grid of positions, (N, D) per image, for attention (a ResNet's 7x7x2048 is 49x2048). Default: auto.",
-    )
-    return parser
 
 
 def run_extract_features(args: argparse.Namespace) -> datasets.DatasetDict:

@@ -42,7 +42,6 @@ __all__ = [
     "SPICE_LIB_ENV",
     "check_spice",
     "compute_spice",
-    "configure_download_spice_parser",
     "download_spice",
     "run_download_spice",
     "spice_lib_dir",
@@ -331,32 +330,12 @@ def download_spice(
     return str(target)
 
 
-def configure_download_spice_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the options of `rlcaption download-spice` to `parser` (a subcommand parser)."""
-    parser.description = (
-        "Download the Stanford CoreNLP 3.6.0 jars SPICE needs (~400 MB, from the Stanford NLP site) and the "
-        "standalone Nashorn engine SPICE needs on Java >= 15 (from Maven Central)."
-    )
-    parser.add_argument(
-        "--target-dir",
-        default=None,
-        help=f"directory for the jars (default: ${SPICE_LIB_ENV} or pycocoevalcap/spice/lib)",
-    )
-    parser.add_argument("--corenlp-url", default=CORENLP_URL, help="URL of stanford-corenlp-full-2015-12-09.zip")
-    parser.add_argument("--maven-url", default=MAVEN_CENTRAL_URL, help="Maven repository for Nashorn and ASM")
-    parser.add_argument(
-        "--no-nashorn", action="store_true", help="skip the Nashorn jars (only SPICE on Java 8-14 will work)"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
-    return parser
-
-
 def run_download_spice(args: argparse.Namespace) -> int:
     """Run `rlcaption download-spice` with the parsed `args`; return the exit status."""
     target = download_spice(
         target_dir=args.target_dir,
-        corenlp_url=args.corenlp_url,
-        maven_url=args.maven_url,
+        corenlp_url=args.corenlp_url or CORENLP_URL,
+        maven_url=args.maven_url or MAVEN_CENTRAL_URL,
         include_nashorn=not args.no_nashorn,
         show_progress=not args.quiet,
     )

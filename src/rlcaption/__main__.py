@@ -1,0 +1,7 @@
+"""`python -m rlcaption`: the `rlcaption` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

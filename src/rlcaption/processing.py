@@ -39,7 +39,7 @@ from transformers import AutoImageProcessor, BatchFeature, PreTrainedTokenizerFa
 from transformers.models.vit import ViTImageProcessorPil
 from transformers.utils import CONFIG_NAME, cached_file
 
-from rlcaption.data.images import convert_to_rgb
+from rlcaption.data.images import convert_to_rgb, rgb_for_image_processor
 from rlcaption.metrics.tokenization import normalize_caption
 
 __all__ = ["SPECIAL_TOKENS", "CaptionProcessor", "image_processor_of_extractor"]
@@ -47,11 +47,6 @@ __all__ = ["SPECIAL_TOKENS", "CaptionProcessor", "image_processor_of_extractor"]
 # Order fixes the ids: <pad> = 0, <bos> = 1, <eos> = 2, <unk> = 3 (the defaults of ShowTellRLConfig).
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 _PAD, _BOS, _EOS, _UNK = SPECIAL_TOKENS
-
-# Images much larger than the model input are box-reduced first: resizing from full resolution costs time and
-# memory for no visible difference at, say, 64x64.
-_MAX_OVERSIZE = 4
-
 
 def _build_word_tokenizer(words: Sequence[str]) -> PreTrainedTokenizerFast:
     """Word-level fast tokenizer over `SPECIAL_TOKENS + words`; encoding adds `<bos>` ... `<eos>`."""
@@ -248,14 +243,7 @@ class CaptionProcessor(ProcessorMixin):
 
     def _prepare_image(self, image) -> np.ndarray:
         if isinstance(image, Image.Image):
-            # Reduce after converting: box-averaging CMYK ink, alpha or palette indices is not averaging colours,
-            # and Pillow cannot reduce palette or 16-bit images at all.
-            rgb = convert_to_rgb(image)
-            target = max(self.image_processor.size.get("height", 0), self.image_processor.size.get("width", 0))
-            factor = min(rgb.size) // (_MAX_OVERSIZE * target) if target else 0
-            if factor >= 2:
-                rgb = rgb.reduce(factor)
-            return np.asarray(rgb)
+            return np.asarray(rgb_for_image_processor(image, self.image_processor))
         if isinstance(image, torch.Tensor):
             return _array_to_rgb_array(image.detach().cpu().numpy())
         if isinstance(image, np.ndarray):

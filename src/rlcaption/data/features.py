@@ -48,7 +48,7 @@ from ..hub import check_pretrained_reference
 from ..models.show_tell_rl.encoders import POOLING_MODES, encode_images_with_backbone
 from ..shapes.dataset import load_shapes, save_dataset_atomically
 from .image_references import image_root, with_image_paths_relative_to, write_image_references
-from .images import convert_to_rgb
+from .images import rgb_for_image_processor
 from .loading import load_saved_dataset
 
 __all__ = [
@@ -173,7 +173,9 @@ def _extract_shard(
     batches = []
     for batch_start in range(start, stop, batch_size):
         batch_stop = min(batch_start + batch_size, stop)
-        images = [convert_to_rgb(image) for image in images_only[batch_start:batch_stop]["image"]]
+        images = [
+            rgb_for_image_processor(image, image_processor) for image in images_only[batch_start:batch_stop]["image"]
+        ]
         pixel_values = image_processor(images=images, return_tensors="pt")["pixel_values"]
         with torch.inference_mode():
             features = encode_images_with_backbone(

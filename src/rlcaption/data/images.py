@@ -50,6 +50,7 @@ __all__ = [
     "decode_image",
     "find_undecodable_images",
     "open_image",
+    "rgb_for_image_processor",
 ]
 
 # Transparent pixels are shown on white rather than in the colour they happen to store (often black, so dropping the
@@ -87,6 +88,27 @@ def _gray_to_rgb(values: np.ndarray) -> Image.Image:
     """Grayscale values on the 0-255 scale (any float) -> an `"RGB"` image, rounded and clipped."""
     eight_bit = np.clip(np.rint(values), 0, 255).astype(np.uint8)
     return Image.fromarray(eight_bit).convert("RGB")
+
+
+# Images much larger than an image processor's output are box-reduced first: resizing from full resolution costs time
+# and memory for no visible difference at, say, 224x224.
+_MAX_OVERSIZE = 4
+
+
+def rgb_for_image_processor(image: Image.Image, image_processor) -> Image.Image:
+    """
+    `image` in RGB ([`convert_to_rgb`]), box-reduced by an integer factor while its shorter side stays at least
+    4 times the side `image_processor` resizes to (its `size`: `height` and `width`, or `shortest_edge`). Feature
+    extraction and captioning both prepare images this way, so that a photo captioned by a model trained on
+    extracted features gives the backbone the pixels its training images gave it.
+    """
+    # reduce after converting: box-averaging CMYK ink, alpha or palette indices is not averaging colours, and Pillow
+    # cannot reduce palette or 16-bit images at all
+    rgb = convert_to_rgb(image)
+    size = getattr(image_processor, "size", None)
+    target = max((size.get(side) or 0 for side in ("height", "width", "shortest_edge")), default=0) if size else 0
+    factor = min(rgb.size) // (_MAX_OVERSIZE * target) if target else 0
+    return rgb.reduce(factor) if factor >= 2 else rgb
 
 
 def convert_to_rgb(image: Image.Image, background: tuple[int, int, int] = WHITE) -> Image.Image:

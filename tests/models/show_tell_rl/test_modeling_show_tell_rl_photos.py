@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -16,6 +17,7 @@ from PIL import Image
 from safetensors import safe_open
 from transformers import AutoModel, AutoProcessor, ConvNextImageProcessor, ResNetConfig, ResNetModel, pipeline
 
+from rlcaption.data.features import extract_features
 from rlcaption.inference import caption_image_files, load_captioner
 from rlcaption.models import ShowTellRL, ShowTellRLConfig
 from rlcaption.processing import CaptionProcessor, image_processor_of_extractor
@@ -216,3 +218,25 @@ def test_a_features_checkpoint_registered_for_remote_code_captions_photos_withou
     result = subprocess.run([sys.executable, "-I", "-c", script], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == processor.batch_decode(tokens)[0]
+
+
+def test_a_large_photo_reaches_the_backbone_as_extraction_gave_it(backbone_folder, tmp_path):
+    # 400x300 is over 4 times the backbone's 32-pixel side: both paths box-reduce it (by 2) before the processor
+    pixels = np.random.default_rng(3).integers(0, 256, size=(300, 400, 3), dtype=np.uint8)
+    large_photo = Image.fromarray(pixels)
+    photos = datasets.Dataset.from_dict(
+        {"image": [large_photo], "captions": [["a red square"]]}, features=datasets.Features(
+            {"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string"))}
+        ),
+    )  # fmt: skip
+    extracted = extract_features(
+        datasets.DatasetDict({"test": photos}), str(backbone_folder), tmp_path / "features", pooling="none"
+    )
+    stored = torch.tensor(np.asarray(extracted["test"][0]["image_features"], dtype=np.float32))[None]
+
+    model = features_captioner(backbone_folder, "none")
+    processor = save_features_captioner(tmp_path / "captioner", model, backbone_folder)
+    at_captioning = model.image_encoder.features_of_pixels(processor(images=large_photo)["pixel_values"])
+    torch.testing.assert_close(at_captioning, stored)
+    # the reduction is what both paths share: from full resolution the backbone sees other pixels
+    assert not torch.allclose(features_by_the_backbone(backbone_folder, large_photo, "none"), stored, atol=1e-3)

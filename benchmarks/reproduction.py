@@ -13,7 +13,6 @@ read as this run's results.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -26,6 +25,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from rlcaption.hub.provenance import code_version
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 WARM_START = "checkpoints/show-tell-rl-shapes-xe"
@@ -40,24 +41,6 @@ RESULTS_FILE = "eval_results.json"
 KEY_FIELDS = ("recipe", "code", "torch", "transformers")
 
 
-def code_version() -> str:
-    """
-    The code a run is made by: `git:<commit>` of this repository, followed by `+diff:<hash>` (the first 16 hex digits
-    of the SHA-256 of `git diff HEAD`) when tracked files have uncommitted changes, so that two different uncommitted
-    states never share results; else `rlcaption <version>` of the installed package.
-    """
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        changes = subprocess.run(
-            ["git", "diff", "HEAD", "--binary"], cwd=REPOSITORY, capture_output=True, check=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return f"rlcaption {importlib.metadata.version('rlcaption')}"
-    return f"git:{commit}" + (f"+diff:{hashlib.sha256(changes).hexdigest()[:16]}" if changes else "")
-
-
 def run_key(recipe: str, options: Sequence[str]) -> dict[str, Any]:
     """
     What makes a run's results: its recipe, its command-line options (all but `--output_dir`), the code version and
@@ -66,7 +49,7 @@ def run_key(recipe: str, options: Sequence[str]) -> dict[str, Any]:
     return {
         "recipe": recipe,
         "options": list(options),
-        "code": code_version(),
+        "code": code_version(REPOSITORY),
         "torch": importlib.metadata.version("torch"),
         "transformers": importlib.metadata.version("transformers"),
     }

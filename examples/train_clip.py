@@ -33,6 +33,7 @@ import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments
 
 from rlcaption.data import load_shapes
+from rlcaption.hub.provenance import training_run
 from rlcaption.metrics.clip import clip_retrieval
 from rlcaption.models import ShapesCLIPConfig, ShapesCLIPModel
 from rlcaption.processing import CaptionProcessor
@@ -265,6 +266,7 @@ def model_card(
             "epochs": training_args.num_train_epochs,
             "learning rate": f"{training_args.learning_rate:g}, {schedule} schedule",
             "seed": training_args.seed,
+            "run": training_run(),
             "training time": f"{results['training_minutes']:.1f} min on {results['torch_threads']} CPU thread(s)",
         },
         validation_scores=results["validation"],

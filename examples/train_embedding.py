@@ -48,6 +48,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, HfArgumentP
 
 from rlcaption.data.collator import pad_regions
 from rlcaption.hub import HUB_CONNECTION_ERRORS, MODEL_CARD_TEMPLATE, parameter_count, publish_folder
+from rlcaption.hub.provenance import training_run
 from rlcaption.metrics.clip import embed_images, embed_texts
 from rlcaption.metrics.retrieval import retrieval_recall
 from rlcaption.models import ShowTellRL, VisualSemanticEmbedding, VisualSemanticEmbeddingConfig
@@ -343,6 +344,7 @@ def model_card(
             "learning rate": f"{training_args.learning_rate:g} (Adam, constant)",
             "margin γ": training_args.margin,
             "seed": training_args.seed,
+            "run": training_run(),
             f"loss (mean of the first / last {results['train_loss_window']} steps)": (
                 f"{results['train_loss_first']:.3f} / {results['train_loss_last']:.3f}"
             ),

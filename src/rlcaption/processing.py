@@ -48,6 +48,7 @@ __all__ = ["SPECIAL_TOKENS", "CaptionProcessor", "image_processor_of_extractor"]
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 _PAD, _BOS, _EOS, _UNK = SPECIAL_TOKENS
 
+
 def _build_word_tokenizer(words: Sequence[str]) -> PreTrainedTokenizerFast:
     """Word-level fast tokenizer over `SPECIAL_TOKENS + words`; encoding adds `<bos>` ... `<eos>`."""
     vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *words])}

@@ -26,6 +26,7 @@ from .data import check_dataset_images, load_caption_dataset
 from .data.features import read_feature_extractor
 from .data.loading import load_saved_dataset
 from .hub import check_pretrained_reference, model_loading_kwargs, publish_folder, render_model_card
+from .hub.provenance import training_run
 from .inference import check_features_match_model
 from .metrics.tokenization import normalize_caption
 from .models import ShowTellRL, ShowTellRLConfig
@@ -378,6 +379,7 @@ def recipe_model_card(
             "batch size": training_args.per_device_train_batch_size,
             "max caption length": training_args.max_caption_length,
             "seed": training_args.seed,
+            "run": training_run(),
         },
         evaluation_summary=(
             f"{decoding}, at most {training_args.max_caption_length} tokens, on the {num_test_images} images of the "

@@ -12,6 +12,7 @@ from .cards import (
     parameter_count,
     render_model_card,
 )
+from .provenance import code_version, run_command, training_run
 from .publishing import publish_folder
 from .references import (
     HUB_CONNECTION_ERRORS,
@@ -29,10 +30,13 @@ __all__ = [
     "TEMPLATES",
     "caption_eval_results",
     "check_pretrained_reference",
+    "code_version",
     "hub_unreachable_reason",
     "model_loading_kwargs",
     "objective_citation",
     "parameter_count",
     "publish_folder",
     "render_model_card",
+    "run_command",
+    "training_run",
 ]

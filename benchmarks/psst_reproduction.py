@@ -33,21 +33,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
+    RESULTS_DIRECTORY,
     WARM_START,
     benchmark_command,
     code_version,
     markdown_table,
     plot_to,
+    provenance_line,
     run_recipe_once,
     summarise,
     write_card_section,
+    write_page_block,
 )
 from verdicts import Headline, judge_headlines, verdict_lines
+
+PAGE = REPOSITORY / "docs" / "methods" / "psst.md"
+RESULTS = RESULTS_DIRECTORY / "psst_reproduction.json"
 
 # the ways of passing words: name -> recipe options
 WAYS = {
@@ -165,30 +172,13 @@ def _plot(curves: dict[str, list[tuple[float, float, float, float, float]]], pat
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/psst_reproduction"))
-    parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS, help="Ways of passing words.")
-    # The paper traces λ over {10, 5, 2.5, 1.6, 1, 0.5} × 1e-3 (`--lambdas 10e-3 5e-3 2.5e-3 1.6e-3 1e-3 0.5e-3`);
-    # on shapes that range barely moves CIDEr-D, so the default spans 1e-6 (next to no feedback from the listener:
-    # the control) to 0.5, where the trade-off shows. Within it, λ is chosen on validation.
-    parser.add_argument("--lambdas", type=float, nargs="+", default=[1e-6, 50e-3, 200e-3, 500e-3])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--rhos", type=float, nargs="*", default=[0.0, 0.5, 1.0], help="psst's ρ besides 0.25.")
-    parser.add_argument("--rho-lambda", type=float, default=200e-3, help="λ of the ρ sweep.")
-    parser.add_argument(
-        "--max-steps", type=int, default=125,
-        help="Speaker updates of every run (125: one epoch); an alternating schedule takes twice the steps.",
-    )  # fmt: skip
-    # a new listener sits at its starting loss for a number of steps that depends on its initialisation; 2,000 steps
-    # bring every seed's listener off it (the warm-up row of the tables shows where each ends)
-    parser.add_argument(
-        "--listener-warmup-steps", type=int, default=2000, help="Steps of each seed's listener warm-up."
-    )
-    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
-    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "psst_lambda_sweep.png")
-    parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
-    args = parser.parse_args()
+def run_name(way: str, lam: float, rho: float) -> str:
+    """A run's row in the tables and its key in `results.json`: `psst, λ=200e-3, ρ=0.25`, `st, λ=50e-3`."""
+    return f"{way}, λ={lam * 1e3:g}e-3" + (f", ρ={rho:g}" if way == "psst" else "")
+
+
+def run_reproduction(args: argparse.Namespace) -> dict[str, Any]:
+    """Trains the runs that are not cached, reads the others, and returns what `results.json` holds."""
     output_dir = args.output_dir.resolve()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         warm_up_runs = pool.map(partial(_warm_up_listener, output_dir, args.listener_warmup_steps), args.seeds)
@@ -220,110 +210,183 @@ def main() -> None:
             key: [pool.submit(run_recipe_once, "train_psst.py", path, options) for path, options in runs]
             for key, runs in jobs.items()
         }
-        results = {key: [future.result() for future in runs] for key, runs in futures.items()}
-
-    keys = [key for key, _ in COLUMNS]
-    name = {
-        key: f"{key[0]}, λ={key[1] * 1e3:g}e-3" + (f", ρ={key[2]:g}" if key[0] == "psst" else "") for key in results
-    }
-    validation = {name[key]: summarise([run["validation"] for run in runs], keys) for key, runs in results.items()}
-    num_runs = {name[key]: len(runs) for key, runs in results.items()}
-    lambda_keys = {way: [key for key in results if key[0] == way and key[2] == 0.25] for way in args.ways}
-    warm_ups = [json.loads((run / "eval_results.json").read_text()) for run in start.values()]
-    warm_up_row = "XE + warmed-up listener"
-    tables = []
-
-    def add_table(title: str, rows: dict, runs: dict, columns=COLUMNS) -> None:
-        tables.append(f"{title}\n\n{markdown_table(rows, runs, columns)}")
-        print(f"\n{tables[-1]}")
-
-    add_table(
-        f"Validation split (200 images), {args.max_steps} speaker updates from the XE speaker and its warmed-up "
-        "listener, beam-3 captions",
-        {
-            warm_up_row: summarise([run["validation"] for run in warm_ups], keys),
-            **{name[key]: validation[name[key]] for way_keys in lambda_keys.values() for key in way_keys},
-        },
-        {**num_runs, warm_up_row: len(start)},
-    )
+        runs = {run_name(*key): [future.result() for future in seeds] for key, seeds in futures.items()}
+    lambda_rows = {way: [run_name(way, lam, 0.25) for lam in args.lambdas] for way in args.ways}
     # the fixed CIDEr-D: the highest that every seed of every way reaches on validation at some λ
     fixed = float(
         np.floor(
             min(
-                max(results[key][seed]["validation"]["CIDEr"] for key in way_keys)
-                for way_keys in lambda_keys.values()
+                max(runs[row][seed]["validation"]["CIDEr"] for row in rows)
+                for rows in lambda_rows.values()
                 for seed in range(len(args.seeds))
             )
             * 100
         )
         / 100
     )
-    chosen, chosen_rows, chosen_greedy, chosen_num = {}, {}, {}, {}
-    for way, way_keys in lambda_keys.items():
-        lambdas = [
-            chosen_run({key[1]: results[key][seed] for key in way_keys}, fixed) for seed in range(len(args.seeds))
+    chosen = {
+        way: [
+            chosen_run({lam: runs[run_name(way, lam, 0.25)][seed] for lam in args.lambdas}, fixed)
+            for seed in range(len(args.seeds))
         ]
-        chosen[way] = lambdas
-        runs = [results[(way, lam, 0.25)][seed]["test"] for seed, lam in enumerate(lambdas)]
-        row = f"{way} (λ × 1e3 of each seed: {', '.join(f'{lam * 1e3:g}' for lam in lambdas)})"
-        chosen_rows[row] = summarise(runs, keys)
-        chosen_greedy[row] = summarise(runs, [key for key, _ in GREEDY_COLUMNS])
-        chosen_num[row] = len(runs)
-    test_warm_up = {warm_up_row: summarise([run["test"] for run in warm_ups], keys)}
-    add_table(
-        f"Test split (500 images), beam-3 captions: each way at the λ of its best validation listener R@10 with "
-        f"validation CIDEr-D ≥ {fixed:.2f} (the highest every seed of every way reaches)",
-        {**test_warm_up, **chosen_rows},
-        {**chosen_num, warm_up_row: len(start)},
-    )
-    add_table("The same runs' greedy captions, both axes on them (test)", chosen_greedy, chosen_num, GREEDY_COLUMNS)
-    control = min(args.lambdas)
+        for way in args.ways
+    }
+    results = {
+        "command": benchmark_command(),
+        "code": code_version(),
+        "selection_split": "validation",
+        "judged_split": "test",
+        "max_steps": args.max_steps,
+        "lambdas": args.lambdas,
+        "rho_lambda": args.rho_lambda,
+        "warm_ups": [json.loads((run / "eval_results.json").read_text()) for run in start.values()],
+        "runs": runs,
+        "seeds": args.seeds,
+        "fixed_cider": fixed,
+        "chosen_lambda": chosen,
+    }
+    return results | {"verdicts": [asdict(comparison) for comparison in comparisons_of(results)]}
+
+
+def comparisons_of(results: dict[str, Any]) -> list:
+    """The page's headlines judged on the test split, each way at the λ chosen for each seed on validation against
+    its control λ (the smallest of the sweep), paired by seed."""
+    runs, seeds, control = results["runs"], results["seeds"], min(results["lambdas"])
     per_seed = {}
-    for way, lambdas in chosen.items():
+    for way, lambdas in results["chosen_lambda"].items():
         per_seed[f"{way} (chosen λ)"] = {
-            seed: results[(way, lam, 0.25)][index]["test"]
-            for index, (seed, lam) in enumerate(zip(args.seeds, lambdas, strict=True))
+            seed: runs[run_name(way, lam, 0.25)][index]["test"]
+            for index, (seed, lam) in enumerate(zip(seeds, lambdas, strict=True))
         }
         per_seed[f"{way} (control λ)"] = {
-            seed: results[(way, control, 0.25)][index]["test"] for index, seed in enumerate(args.seeds)
+            seed: runs[run_name(way, control, 0.25)][index]["test"] for index, seed in enumerate(seeds)
         }
-    comparisons = judge_headlines(per_seed, headlines(args.ways))
-    tables.append(verdict_lines(comparisons))
-    print(f"\n{tables[-1]}")
-    rho_rows = sorted(name[key] for key in results if key[0] == "psst" and key[1] == args.rho_lambda)
-    add_table(
-        f"ρ sweep of psst at λ={args.rho_lambda * 1e3:g}e-3 (validation)",
-        {row: validation[row] for row in rho_rows},
-        num_runs,
-    )
-    (output_dir / "results.json").write_text(
-        json.dumps(
+    return judge_headlines(per_seed, headlines(list(results["chosen_lambda"])))
+
+
+def render_tables(results: dict[str, Any]) -> list[str]:
+    """The tables and the verdicts of `results` (what `run_reproduction` returns), in the order a page shows them."""
+    runs, lambdas, fixed = results["runs"], results["lambdas"], results["fixed_cider"]
+    keys = [key for key, _ in COLUMNS]
+    warm_up_row = "XE + warmed-up listener"
+    num_seeds = len(results["seeds"])
+    num_runs = {row: len(seeds) for row, seeds in runs.items()} | {warm_up_row: len(results["warm_ups"])}
+    lambda_rows = [run_name(way, lam, 0.25) for way in results["chosen_lambda"] for lam in lambdas]
+    tables = [
+        f"Validation split (200 images), {results['max_steps']} speaker updates from the XE speaker and its "
+        f"warmed-up listener, beam-3 captions\n\n"
+        + markdown_table(
             {
-                "command": benchmark_command(),
-                "code": code_version(),
-                "selection_split": "validation",
-                "judged_split": "test",
-                "max_steps": args.max_steps,
-                "lambdas": args.lambdas,
-                "warm_ups": warm_ups,
-                "runs": {name[key]: runs for key, runs in results.items()},
-                "seeds": args.seeds,
-                "fixed_cider": fixed,
-                "chosen_lambda": chosen,
-                "verdicts": [asdict(comparison) for comparison in comparisons],
+                warm_up_row: summarise([run["validation"] for run in results["warm_ups"]], keys),
+                **{row: summarise([run["validation"] for run in runs[row]], keys) for row in lambda_rows},
             },
-            indent=1,
+            num_runs,
+            COLUMNS,
+        )
+    ]
+    chosen_rows, chosen_greedy, chosen_num = {}, {}, {}
+    for way, chosen in results["chosen_lambda"].items():
+        test_runs = [runs[run_name(way, lam, 0.25)][seed]["test"] for seed, lam in enumerate(chosen)]
+        row = f"{way} (λ × 1e3 of each seed: {', '.join(f'{lam * 1e3:g}' for lam in chosen)})"
+        chosen_rows[row] = summarise(test_runs, keys)
+        chosen_greedy[row] = summarise(test_runs, [key for key, _ in GREEDY_COLUMNS])
+        chosen_num[row] = num_seeds
+    tables.append(
+        f"Test split (500 images), beam-3 captions: each way at the λ of its best validation listener R@10 with "
+        f"validation CIDEr-D ≥ {fixed:.2f} (the highest every seed of every way reaches)\n\n"
+        + markdown_table(
+            {warm_up_row: summarise([run["test"] for run in results["warm_ups"]], keys), **chosen_rows},
+            {**chosen_num, warm_up_row: len(results["warm_ups"])},
+            COLUMNS,
         )
     )
-    curves = {
-        way: [(*validation[name[key]]["CIDEr"], *validation[name[key]]["listener_R@10"], key[1]) for key in way_keys]
-        for way, way_keys in lambda_keys.items()
-    }
-    _plot(curves, args.plot)
+    tables.append(
+        "The same runs' greedy captions, both axes on them (test)\n\n"
+        + markdown_table(chosen_greedy, chosen_num, GREEDY_COLUMNS)
+    )
+    tables.append(verdict_lines(comparisons_of(results)))
+    rho_lambda = results["rho_lambda"]
+    rho_rows = sorted(row for row in runs if row.startswith(f"psst, λ={rho_lambda * 1e3:g}e-3, ρ="))
+    tables.append(
+        f"ρ sweep of psst at λ={rho_lambda * 1e3:g}e-3 (validation)\n\n"
+        + markdown_table(
+            {row: summarise([run["validation"] for run in runs[row]], keys) for row in rho_rows}, num_runs, COLUMNS
+        )
+    )
+    return tables
+
+
+def page_block(results: dict[str, Any]) -> str:
+    """What docs/methods/psst.md shows between this benchmark's markers."""
+    selection = (
+        "each way's λ chosen per seed on validation among those reaching the fixed CIDEr-D, the verdicts read on test"
+    )
+    return "\n\n".join([provenance_line(results, selection), *render_tables(results)])
+
+
+def _plot_results(results: dict[str, Any], path: Path) -> None:
+    runs = results["runs"]
+    curves = {}
+    for way in results["chosen_lambda"]:
+        points = []
+        for lam in results["lambdas"]:
+            summary = summarise(
+                [run["validation"] for run in runs[run_name(way, lam, 0.25)]], ["CIDEr", "listener_R@10"]
+            )
+            points.append((*summary["CIDEr"], *summary["listener_R@10"], lam))
+        curves[way] = points
+    _plot(curves, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/psst_reproduction"))
+    parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS, help="Ways of passing words.")
+    # The paper traces λ over {10, 5, 2.5, 1.6, 1, 0.5} × 1e-3 (`--lambdas 10e-3 5e-3 2.5e-3 1.6e-3 1e-3 0.5e-3`);
+    # on shapes that range barely moves CIDEr-D, so the default spans 1e-6 (next to no feedback from the listener:
+    # the control) to 0.5, where the trade-off shows. Within it, λ is chosen on validation.
+    parser.add_argument("--lambdas", type=float, nargs="+", default=[1e-6, 50e-3, 200e-3, 500e-3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--rhos", type=float, nargs="*", default=[0.0, 0.5, 1.0], help="psst's ρ besides 0.25.")
+    parser.add_argument("--rho-lambda", type=float, default=200e-3, help="λ of the ρ sweep.")
+    parser.add_argument(
+        "--max-steps", type=int, default=125,
+        help="Speaker updates of every run (125: one epoch); an alternating schedule takes twice the steps.",
+    )  # fmt: skip
+    # a new listener sits at its starting loss for a number of steps that depends on its initialisation; 2,000 steps
+    # bring every seed's listener off it (the warm-up row of the tables shows where each ends)
+    parser.add_argument(
+        "--listener-warmup-steps", type=int, default=2000, help="Steps of each seed's listener warm-up."
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
+    parser.add_argument(
+        "--from-results", type=Path, default=None,
+        help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
+    )  # fmt: skip
+    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "psst_lambda_sweep.png")
+    parser.add_argument(
+        "--page", action="store_true",
+        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
+        f"from in {RESULTS.relative_to(REPOSITORY)}.",
+    )  # fmt: skip
+    parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
+    args = parser.parse_args()
+    if args.from_results is not None:
+        results = json.loads(args.from_results.read_text())
+    else:
+        results = run_reproduction(args)
+        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    tables = render_tables(results)
+    print("\n\n".join(tables))
+    _plot_results(results, args.plot)
     print(f"\nplot: {args.plot}")
+    if args.page:
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        write_page_block(PAGE, Path(__file__).name, page_block(results))
+        print(f"page: {PAGE}")
     if args.card is not None:  # the checkpoint's card gets the tables and the plot
         write_card_section(
-            args.card, "Reproduction on shapes", f"`{benchmark_command()}`:\n\n" + "\n\n".join(tables),
+            args.card, "Reproduction on shapes", f"`{results['command']}`:\n\n" + "\n\n".join(tables),
             plot=args.plot, plot_caption="validation listener recall@10 against CIDEr-D over λ",
         )  # fmt: skip
 

@@ -4,6 +4,10 @@ each run is made once (a run whose `eval_results.json` exists is read, not made 
 continues where it stopped), and the runs of a row are summarised as mean ± standard deviation over seeds in a Markdown
 table.
 
+Each reproduction also writes its page's tables and verdicts: between the markers `<!-- <script>: begin -->` and
+`<!-- <script>: end -->` of its docs/methods page ([`write_page_block`]), rendered from its results, which it keeps
+in `benchmarks/results/<script>.json` ([`RESULTS_DIRECTORY`]) so that a test can render them again and compare.
+
 One cache serves them all: a run's folder holds `run_key.json` beside its results, with what made it: the recipe (an
 `examples/` script, or the benchmark's own arm), its options, the code version (the git commit and a hash of the
 uncommitted changes to tracked files, else the package version) and the torch and transformers versions. A folder made
@@ -37,6 +41,8 @@ RUN_KEY_FILE = "run_key.json"
 
 
 RESULTS_FILE = "eval_results.json"
+# where each reproduction keeps the results its page block is rendered from (`<script stem>.json`)
+RESULTS_DIRECTORY = REPOSITORY / "benchmarks" / "results"
 # the fields of a run key besides its options, in the order a refusal names them
 KEY_FIELDS = ("recipe", "code", "torch", "transformers")
 
@@ -199,6 +205,39 @@ def write_card_section(card: Path, heading: str, body: str, plot: Path | None = 
         end = text.find("\n## ", evaluation + 1) if evaluation >= 0 else -1
         text = text[: end + 1] + section + text[end + 1 :] if end >= 0 else text.rstrip("\n") + "\n\n" + section
     card.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+
+
+def _page_markers(script: str) -> tuple[str, str]:
+    return f"<!-- {script}: begin -->", f"<!-- {script}: end -->"
+
+
+def read_page_block(page: Path, script: str) -> str:
+    """The block of `page` between `script`'s markers (see [`write_page_block`])."""
+    text = page.read_text(encoding="utf-8")
+    begin, end = _page_markers(script)
+    if begin not in text or end not in text:
+        raise ValueError(f"{page} has no block of {script}: add the lines `{begin}` and `{end}` where it goes.")
+    return text[text.index(begin) + len(begin) : text.index(end)].strip("\n")
+
+
+def write_page_block(page: Path, script: str, block: str) -> None:
+    """Puts `block` between the lines `<!-- <script>: begin -->` and `<!-- <script>: end -->` of `page`, in place
+    of what a previous run wrote there; the page must hold both markers."""
+    read_page_block(page, script)  # the markers are there
+    text = page.read_text(encoding="utf-8")
+    begin, end = _page_markers(script)
+    text = text[: text.index(begin) + len(begin)] + f"\n{block.strip()}\n" + text[text.index(end) :]
+    page.write_text(text, encoding="utf-8")
+
+
+def provenance_line(results: Mapping[str, Any], selection: str) -> str:
+    """Where a page block comes from: the command, the code version and the seeds of `results`, and how settings
+    were chosen."""
+    seeds = ", ".join(str(seed) for seed in results["seeds"])
+    return (
+        f"Generated from `{results['command']}` at {results['code']} (seeds {seeds}; {selection}); the results are in "
+        f"`benchmarks/results/`."
+    )
 
 
 @contextmanager

@@ -1,0 +1,74 @@
+"""Each reproduction writes its page's tables and verdicts from its results: the pages hold exactly what the committed
+results render, and the rendering is checked on hand-made results."""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import psst_reproduction  # noqa: E402
+import reproduction  # noqa: E402
+
+GENERATED = sorted(path.stem for path in (BENCHMARKS / "results").glob("*.json"))
+
+
+@pytest.mark.parametrize("script", GENERATED)
+def test_every_page_block_is_what_its_committed_results_render(script):
+    benchmark = importlib.import_module(script)
+    results = json.loads(benchmark.RESULTS.read_text())
+    assert reproduction.read_page_block(benchmark.PAGE, f"{script}.py") == benchmark.page_block(results).strip(), (
+        f"{benchmark.PAGE} is not what {benchmark.RESULTS.name} renders: run "
+        f"`python benchmarks/{script}.py --from-results {benchmark.RESULTS.relative_to(BENCHMARKS.parent)} --page`"
+    )
+
+
+def test_a_page_block_is_replaced_between_its_markers_and_nothing_else(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Method\n\nprose\n\n<!-- bench.py: begin -->\nold table\n<!-- bench.py: end -->\n\nmore prose\n")
+    reproduction.write_page_block(page, "bench.py", "| new | table |\n")
+    assert page.read_text() == (
+        "# Method\n\nprose\n\n<!-- bench.py: begin -->\n| new | table |\n<!-- bench.py: end -->\n\nmore prose\n"
+    )
+    assert reproduction.read_page_block(page, "bench.py") == "| new | table |"
+    with pytest.raises(ValueError, match="has no block of other.py: add the lines `<!-- other.py: begin -->`"):
+        reproduction.write_page_block(page, "other.py", "x")
+
+
+def _scores(recall: float, cider: float) -> dict[str, float]:
+    return {
+        "listener_R@1": recall / 2, "listener_R@10": recall, "CIDEr": cider,
+        "greedy_listener_R@10": recall, "greedy_CIDEr": cider,
+    }  # fmt: skip
+
+
+def test_psst_renders_the_chosen_runs_and_their_verdicts_from_its_results():
+    seeds = [0, 1, 2]
+    control, feedback = 1e-6, 50e-3
+    # psst gains 0.10, 0.12 and 0.08 of listener R@10 from the control to λ = 0.05 on test: reproduced
+    test_recall = {control: [0.80, 0.70, 0.75], feedback: [0.90, 0.82, 0.83]}
+    runs = {
+        psst_reproduction.run_name("psst", lam, 0.25): [
+            {"validation": _scores(0.9 + 0.01 * seed, 2.5), "test": _scores(test_recall[lam][seed], 2.4)}
+            for seed in seeds
+        ]
+        for lam in (control, feedback)
+    }
+    results = {
+        "command": "python benchmarks/psst_reproduction.py --ways psst", "code": "git:abc", "seeds": seeds,
+        "max_steps": 125, "lambdas": [control, feedback], "rho_lambda": 200e-3, "fixed_cider": 2.5,
+        "warm_ups": [{"validation": _scores(0.5, 2.2), "test": _scores(0.4, 2.1)} for _ in seeds],
+        "runs": runs, "chosen_lambda": {"psst": [feedback] * 3},
+    }  # fmt: skip
+    block = psst_reproduction.page_block(results)
+    assert block.startswith("Generated from `python benchmarks/psst_reproduction.py --ways psst` at git:abc (seeds 0")
+    # test R@10 0.90, 0.82, 0.83: mean 0.85, s.d. √((0.05² + 0.03² + 0.02²) / 2) = 0.044
+    assert "| psst (λ × 1e3 of each seed: 50, 50, 50) | 3 | 0.425 ± 0.022 | 0.850 ± 0.044 |" in block
+    assert "| XE + warmed-up listener | 3 | 0.200 ± 0.000 | 0.400 ± 0.000 |" in block
+    [comparison] = psst_reproduction.comparisons_of(results)
+    assert comparison.difference == pytest.approx(0.10) and comparison.test == "paired"
+    assert comparison.verdict == "reproduced" and comparison.sentence() in block

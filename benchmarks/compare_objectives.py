@@ -1,11 +1,12 @@
 """XE, SCST and spider_pg (Liu et al. 2017) on the shapes test split at an equal policy budget, over several seeds.
 
     OMP_NUM_THREADS=1 python benchmarks/compare_objectives.py --xe-model checkpoints/show-tell-rl-shapes-xe \
-        --num-train 4000 --num-validation 200 --num-test 500 --seeds 0 1 2 --bcmr --jobs 2 \
-        --output-dir runs/compare_objectives --output runs/compare_objectives.json
+        --num-train 4000 --num-validation 200 --num-test 500 --bcmr --jobs 2 \
+        --output-dir runs/compare_objectives --plot docs/spider_pg_vs_scst.png --page
 
-Arms, each trained for `--policy-steps` policy updates at the same learning rate and linear schedule, all with the
-CIDEr-D reward (`--bcmr` adds SCST and spider_pg with the paper's BLEU-4 + CIDEr-D + METEOR + ROUGE-L mix):
+Arms, each trained for `--policy-steps` policy updates on a linear schedule at each of `--learning-rates` (SCST's
+5e-4 and the spider_pg recipe's 2e-4 by default), all with the CIDEr-D reward (`--bcmr` adds SCST and spider_pg with
+the paper's BLEU-4 + CIDEr-D + METEOR + ROUGE-L mix):
 
 - SCST (Rennie et al. 2017): 5 samples per image, the greedy caption's reward as the baseline;
 - spider_pg (Liu et al. 2017): M = 1 sampled caption per image, K = 3 Monte-Carlo rollouts per prefix, a learned
@@ -13,13 +14,14 @@ CIDEr-D reward (`--bcmr` adds SCST and spider_pg with the paper's BLEU-4 + CIDEr
   base learning rate and are not policy updates: the schedule counts captioner steps only);
 - spider_pg without baseline pretraining.
 
-Every model (and the XE warm start) captions the test split once with beam search (3 beams) and is scored with
-CIDEr-D, BLEU-4, ROUGE-L, METEOR (Java), the scene grounding of `rlcaption.evaluation.evaluate_model` (object F1,
-parse failures), the diversity of the test captions (Self-BLEU-4, distinct captions) and the text-to-image R@1 of
-the evaluator CLIP (`--eval-clip`, which no reward used). `--plot` draws CIDEr-D against that recall per arm;
-`--card` puts the table and the plot into a model card. Nothing is chosen on test:
-each run is scored after its last step. The dataset is the same for every seed (`--data-seed`); the seed changes
-the data order and the sampling. The table gives the mean and the sample standard deviation over seeds.
+Every model (and the XE warm start) captions the validation and test splits once with beam search (3 beams) and is
+scored with CIDEr-D, BLEU-4, ROUGE-L, METEOR (Java), the scene grounding of `rlcaption.evaluation.evaluate_model`
+(object F1, parse failures), the diversity of the captions (Self-BLEU-4, distinct captions) and the text-to-image
+R@1 of the evaluator CLIP (`--eval-clip`, which no reward used). Nothing is chosen on test: each arm keeps the
+learning rate of its best mean validation CIDEr-D over the seeds, and the test table and the verdicts are read at
+those rates. `--plot` draws test CIDEr-D against that recall per arm; `--card` puts the tables and the plot into a
+model card, `--page` into docs/methods/spider_pg.md. The dataset is the same for every seed (`--data-seed`); the
+seed changes the data order and the sampling. The tables give the mean and the sample standard deviation over seeds.
 
 `--xe-model FOLDER` is the saved XE model (with its processor) every seed's RL runs start from: the spread measures
 the RL runs only (the XE row has none). Use the shapes sizes the XE model was trained with (the recipe's:
@@ -48,11 +50,14 @@ import torch
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
+    RESULTS_DIRECTORY,
     benchmark_command,
     plot_to,
+    provenance_line,
     run_key,
     run_once,
     write_card_section,
+    write_page_block,
 )
 from verdicts import compare_family
 
@@ -74,6 +79,8 @@ DISPLAY_NAMES = {
 CIDER_REWARD = ["cider"]
 # Liu et al. 2017's "BCMR": BLEU-4, CIDEr-D, METEOR and ROUGE-L with equal weights
 BCMR_REWARD = ["bleu", "cider", "meteor", "rouge_l"]
+PAGE = REPOSITORY / "docs" / "methods" / "spider_pg.md"
+RESULTS = RESULTS_DIRECTORY / "compare_objectives.json"
 
 _shapes: datasets.DatasetDict | None = None  # each worker process loads the dataset once
 
@@ -154,39 +161,48 @@ def _key(args, name: str, options: list[str]) -> dict:
     return {**args.versions, "recipe": f"compare_objectives.py: {name}", "options": options}
 
 
-def _score_warm_start(args) -> dict[str, float]:
-    """The XE warm start's test scores, cached like a run."""
+def _score_warm_start(args) -> dict[str, dict[str, float]]:
+    """The XE warm start's validation and test scores, cached like a run."""
 
     def score() -> dict[str, dict[str, float]]:
         processor = CaptionProcessor.from_pretrained(args.xe_model)
         model = ShowTellRL.from_pretrained(args.xe_model)
-        return {"test": _score(model, processor, _load_shapes(args)["test"], args.metrics, args.eval_clip)}
+        return {
+            split: {
+                **_score(model, processor, _load_shapes(args)[split], args.metrics, args.eval_clip),
+                "train_seconds": 0.0,
+                "policy_steps": 0.0,
+            }  # fmt: skip
+            for split in ("validation", "test")
+        }
 
-    scores = run_once(_run_dir(args, "XE"), _key(args, "XE warm start", _shared_options(args)), score)["test"]
-    return {**scores, "train_seconds": 0.0, "policy_steps": 0.0}
+    return run_once(_run_dir(args, "XE"), _key(args, "XE warm start", _shared_options(args)), score)
 
 
-def _run_arm(args, name: str, settings: dict, seed: int) -> dict[str, float]:
+def _run_arm(args, name: str, settings: dict, seed: int, learning_rate: float) -> dict[str, dict[str, float]]:
     """
-    Trains one RL arm from the shared XE model and scores it on the test split (a worker process's job), unless the
-    run is cached in its folder of `--output-dir`.
+    Trains one RL arm at one learning rate from the shared XE model and scores it on the validation and test splits
+    (a worker process's job), unless the run is cached in its folder of `--output-dir`.
     """
     torch.set_num_threads(args.threads_per_job)
-    rl_settings = {"learning_rate": args.rl_learning_rate, **settings}
-    output_dir = _run_dir(args, name, seed)
+    rl_settings = {**settings, "learning_rate": learning_rate}
+    output_dir = _run_dir(args, f"{name}, lr {learning_rate:g}", seed)
 
     def train_and_score() -> dict[str, dict[str, float]]:
         shapes = _load_shapes(args)
         processor = CaptionProcessor.from_pretrained(args.xe_model)
         model = ShowTellRL.from_pretrained(args.xe_model)
         seconds = _train(model, processor, shapes["train"], str(output_dir), seed, **rl_settings)
-        row = {**_score(model, processor, shapes["test"], args.metrics, args.eval_clip), "train_seconds": seconds}
-        return {"test": {**row, "policy_steps": float(args.policy_steps)}}
+        extra = {"train_seconds": seconds, "policy_steps": float(args.policy_steps)}
+        return {
+            split: {**_score(model, processor, shapes[split], args.metrics, args.eval_clip), **extra}
+            for split in ("validation", "test")
+        }
 
     options = ["--seed", str(seed), "--settings", json.dumps(rl_settings, sort_keys=True), *_shared_options(args)]
-    row = run_once(output_dir, _key(args, name, options), train_and_score)["test"]
-    print(f"[seed {seed}] {name}: {row}", flush=True)
-    return row
+    scores = run_once(output_dir, _key(args, name, options), train_and_score)
+    print(f"[seed {seed}] {name}, lr {learning_rate:g}: {scores['test']}", flush=True)
+    return scores
 
 
 def _summary(runs: dict[str, list[dict[str, float]]], keys: list[str]) -> dict[str, dict[str, dict[str, float]]]:
@@ -256,76 +272,141 @@ def _plot(summary, path) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--data-seed", type=int, default=0)
-    parser.add_argument("--num-train", type=int, default=2000)
-    parser.add_argument("--num-validation", type=int, default=200)
-    parser.add_argument("--num-test", type=int, default=500)
-    parser.add_argument("--image-size", type=int, default=48)
-    parser.add_argument("--xe-model", required=True, help="The saved XE model every RL run starts from.")
-    # SCST's reproduction budget (1 epoch of 4000 images at batch 32, learning rate 5e-4) for every arm
-    parser.add_argument("--policy-steps", type=int, default=125, help="Policy updates of every RL arm.")
-    parser.add_argument("--rl-learning-rate", type=float, default=5e-4)
-    parser.add_argument("--baseline-pretraining-steps", type=int, default=50, help="spider_pg's, before them.")
-    parser.add_argument("--bcmr", action="store_true", help="Add SCST and spider_pg with the BCMR reward mix.")
-    parser.add_argument("--jobs", type=int, default=1, help="Runs trained at a time, in separate processes.")
-    parser.add_argument("--metrics", nargs="+", default=list(METRIC_KEYS), choices=list(METRIC_KEYS))
-    parser.add_argument("--eval-clip", default=str(REPOSITORY / EVALUATOR_CLIP), help="The evaluator CLIP.")
-    parser.add_argument(
-        "--output-dir", default="runs/compare_objectives", help="The cache: one folder per run (arm and seed)."
+def chosen_learning_rates(results: dict) -> dict[str, str]:
+    """Each arm's learning rate: the one whose runs have the best mean validation CIDEr-D over the seeds."""
+    return {
+        arm: max(by_rate, key=lambda rate: statistics.mean(run["validation"]["CIDEr"] for run in by_rate[rate]))
+        for arm, by_rate in results["runs"].items()
+    }
+
+
+def test_runs(results: dict) -> dict[str, list[dict[str, float]]]:
+    """The test scores of each arm's runs at its chosen learning rate, by arm (the warm start as `XE`)."""
+    chosen = chosen_learning_rates(results)
+    return {"XE": [results["warm_start"]["test"]]} | {
+        arm: [run["test"] for run in by_rate[chosen[arm]]] for arm, by_rate in results["runs"].items()
+    }
+
+
+def render_tables(results: dict) -> list[str]:
+    """The validation table of every arm and learning rate, the test table at the chosen ones, and the verdicts."""
+    settings, chosen = results["settings"], chosen_learning_rates(results)
+    keys = [METRIC_KEYS[metric] for metric in settings["metrics"]] + EXTRA_KEYS
+    validation = {"XE": [results["warm_start"]["validation"]]} | {
+        f"{arm}, lr {rate}": [run["validation"] for run in runs]
+        for arm, by_rate in results["runs"].items()
+        for rate, runs in by_rate.items()
+    }
+    test = {f"{arm} (lr {chosen[arm]})" if arm in chosen else arm: runs for arm, runs in test_runs(results).items()}
+    budget = (
+        f"every RL arm {settings['policy_steps']} policy updates (batch 32), linear decay over the policy updates; "
+        f"spider_pg's baseline pretrained {settings['baseline_pretraining_steps']} steps first"
     )
-    parser.add_argument("--output", default=None, help="Optional JSON file for the per-seed scores and the summary.")
-    parser.add_argument("--plot", default=None, help="Optional picture of CIDEr-D against the evaluator's R@1.")
-    parser.add_argument("--card", default=None, help="Optional model card (README.md) to put the table into.")
-    args = parser.parse_args()
+    return [
+        f"Validation split ({settings['num_validation']} images), beam 3, mean ± s.d. over seeds; {budget}; each "
+        f"arm's learning rate is the one of its best mean validation CIDEr-D\n\n"
+        + _markdown_table(_summary(validation, [*keys, "train_seconds"]), keys),
+        f"Test split ({settings['num_test']} images), beam 3, each arm at its chosen learning rate; warm start "
+        f"{settings['xe_model']}; {results['minutes']:.0f} min in all with {settings['jobs']} job(s)\n\n"
+        + _markdown_table(_summary(test, [*keys, "train_seconds"]), keys),
+        "\n".join(f"- {verdict}" for verdict in _verdicts(test_runs(results), results["seeds"]).values()),
+    ]
+
+
+def page_block(results: dict) -> str:
+    """What docs/methods/spider_pg.md shows between this benchmark's markers."""
+    selection = "each arm's learning rate chosen on validation, the verdicts read on test"
+    return "\n\n".join([provenance_line(results, selection), *render_tables(results)])
+
+
+def run_comparison(args) -> dict:
+    """Trains the runs that are not cached, reads the others, and returns the results `--output` and the page keep."""
     # two processes on two cores run best on one thread each
     args.threads_per_job = max(1, (os.cpu_count() or 1) // args.jobs)
     # read once, so that every run and the report name the code as it was when the comparison started
     args.versions = {field: value for field, value in run_key("", []).items() if field not in ("recipe", "options")}
     torch.set_num_threads(args.threads_per_job)
     start = time.perf_counter()
-
-    runs: dict[str, list[dict[str, float]]] = {"XE": [_score_warm_start(args)]}
-    print(f"XE warm start: {runs['XE'][0]}", flush=True)
+    warm_start = _score_warm_start(args)
     arms = _arms(args)
-    jobs = [(name, settings, seed) for seed in args.seeds for name, settings in arms.items()]
+    jobs = [
+        (name, settings, seed, rate)
+        for seed in args.seeds
+        for name, settings in arms.items()
+        for rate in args.learning_rates
+    ]
     context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch threads
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
-        futures = [pool.submit(_run_arm, args, name, settings, seed) for name, settings, seed in jobs]
-        rows = [future.result() for future in futures]
-    for (name, _, _), row in zip(jobs, rows, strict=True):
-        runs.setdefault(name, []).append(row)
+        futures = [pool.submit(_run_arm, args, *job) for job in jobs]
+        scores = [future.result() for future in futures]
+    runs: dict[str, dict[str, list]] = {}
+    for (name, _, _, rate), run in zip(jobs, scores, strict=True):
+        runs.setdefault(name, {}).setdefault(f"{rate:g}", []).append(run)
+    settings = {name: value for name, value in vars(args).items() if name not in ("versions", "threads_per_job")}
+    return {
+        "command": benchmark_command(),
+        **args.versions,
+        "seeds": args.seeds,
+        "settings": json.loads(json.dumps(settings, default=str)),
+        "warm_start": warm_start,
+        "runs": runs,
+        "minutes": (time.perf_counter() - start) / 60,
+    }
 
-    keys = [METRIC_KEYS[metric] for metric in args.metrics] + EXTRA_KEYS
-    summary = _summary(runs, [*keys, "train_seconds"])
-    verdicts = _verdicts(runs, args.seeds)
-    minutes = (time.perf_counter() - start) / 60
-    heading = (
-        f"shapes test split ({args.num_test} images), beam 3, mean ± sample std over seeds {args.seeds}; warm start "
-        f"{args.xe_model}; every RL arm {args.policy_steps} policy updates (batch 32), lr {args.rl_learning_rate:g}, "
-        f"linear decay over the policy updates; spider_pg's baseline pretrained {args.baseline_pretraining_steps} "
-        f"steps first; {minutes:.1f} min in all with {args.jobs} job(s)"
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--data-seed", type=int, default=0)
+    parser.add_argument("--num-train", type=int, default=2000)
+    parser.add_argument("--num-validation", type=int, default=200)
+    parser.add_argument("--num-test", type=int, default=500)
+    parser.add_argument("--image-size", type=int, default=48)
+    parser.add_argument("--xe-model", required=True, help="The saved XE model every RL run starts from.")
+    # SCST's reproduction budget (1 epoch of 4000 images at batch 32) for every arm
+    parser.add_argument("--policy-steps", type=int, default=125, help="Policy updates of every RL arm.")
+    # SCST's reproduction rate and the spider_pg recipe's: each arm keeps the better on validation
+    parser.add_argument(
+        "--learning-rates", type=float, nargs="+", default=[2e-4, 5e-4],
+        help="Learning rates every arm is trained at; each arm keeps the one of its best validation CIDEr-D.",
+    )  # fmt: skip
+    parser.add_argument("--baseline-pretraining-steps", type=int, default=50, help="spider_pg's, before them.")
+    parser.add_argument("--bcmr", action="store_true", help="Add SCST and spider_pg with the BCMR reward mix.")
+    parser.add_argument("--jobs", type=int, default=1, help="Runs trained at a time, in separate processes.")
+    parser.add_argument("--metrics", nargs="+", default=list(METRIC_KEYS), choices=list(METRIC_KEYS))
+    parser.add_argument("--eval-clip", default=str(REPOSITORY / EVALUATOR_CLIP), help="The evaluator CLIP.")
+    parser.add_argument(
+        "--output-dir", default="runs/compare_objectives", help="The cache: one folder per run (arm, rate and seed)."
     )
-    table = _markdown_table(summary, keys)
-    print(f"\n{heading}\n\n{table}\n")
-    for verdict in verdicts.values():
-        print(verdict)
-    if args.plot:
-        _plot(summary, Path(args.plot))
-    if args.card:
-        body = f"{heading} (`{benchmark_command()}`):\n\n{table}\n\n" + "\n".join(
-            f"- {verdict}" for verdict in verdicts.values()
-        )
-        plot = Path(args.plot) if args.plot else None
-        write_card_section(Path(args.card), "Against SCST on shapes", body, plot, "CIDEr-D against evaluator R@1")
+    parser.add_argument("--output", default=None, help="Optional JSON file for the per-seed scores.")
+    parser.add_argument(
+        "--from-results", type=Path, default=None,
+        help="A JSON of an earlier run (--output): render its tables without reading any run.",
+    )  # fmt: skip
+    parser.add_argument("--plot", default=None, help="Optional picture of CIDEr-D against the evaluator's R@1.")
+    parser.add_argument(
+        "--page", action="store_true",
+        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
+        f"from in {RESULTS.relative_to(REPOSITORY)}.",
+    )  # fmt: skip
+    parser.add_argument("--card", default=None, help="Optional model card (README.md) to put the table into.")
+    args = parser.parse_args()
+    results = json.loads(args.from_results.read_text()) if args.from_results else run_comparison(args)
+    tables = render_tables(results)
+    print("\n\n".join(tables))
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w", encoding="utf-8") as handle:
-            settings = {name: value for name, value in vars(args).items() if name != "versions"}
-            report = {"settings": settings, **args.versions, "runs": runs, "summary": summary, "verdicts": verdicts}
-            json.dump({**report, "heading": heading, "table": table, "minutes": minutes}, handle, indent=2)
+        Path(args.output).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    if args.plot:
+        keys = ["CIDEr", "t2i_R@1"]
+        _plot(_summary(test_runs(results), keys), Path(args.plot))
+    if args.page:
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        write_page_block(PAGE, Path(__file__).name, page_block(results))
+    if args.card:
+        plot = Path(args.plot) if args.plot else None
+        body = f"`{results['command']}`:\n\n" + "\n\n".join(tables)
+        write_card_section(Path(args.card), "Against SCST on shapes", body, plot, "CIDEr-D against evaluator R@1")
 
 
 if __name__ == "__main__":

@@ -40,14 +40,17 @@ import torch
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
+    RESULTS_DIRECTORY,
     WARM_START,
     benchmark_command,
     code_version,
     markdown_table,
     plot_to,
+    provenance_line,
     run_recipe_once,
     summarise,
     write_card_section,
+    write_page_block,
 )
 from verdicts import Headline, judge_headlines, verdict_lines
 
@@ -55,6 +58,9 @@ from rlcaption.evaluation import caption_dataset, clip_scores, scene_grounding_s
 from rlcaption.metrics import evaluate_captions, load_clip
 from rlcaption.recipes import RecipeArguments, load_pretrained_captioner, load_recipe_dataset
 from rlcaption.rewards import get_reward
+
+PAGE = REPOSITORY / "docs" / "methods" / "actor_critic.md"
+RESULTS = RESULTS_DIRECTORY / "actor_critic_reproduction.json"
 
 EMBEDDING_MODEL = "checkpoints/visual-semantic-embedding-shapes"
 LAMBDAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -168,24 +174,14 @@ def _plot(validation: dict[str, dict[str, tuple[float, float]]], lambdas: tuple[
         axes.set_title("Shapes: lookahead with the value network (mean ± s.d. over seeds)", fontsize=10)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/actor_critic_reproduction"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--policy-steps", type=int, default=125, help="Policy updates of every run (125: one epoch).")
-    parser.add_argument("--value-pretraining-steps", type=int, default=100)
-    parser.add_argument("--lambdas", type=float, nargs="+", default=list(LAMBDAS))
-    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
-    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "lookahead_lambda_sweep.png")
-    parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
-    args = parser.parse_args()
+def run_reproduction(args: argparse.Namespace) -> dict:
+    """Trains and judges what is not cached, reads the rest, and returns what `results.json` holds."""
     output_dir, lambdas = args.output_dir.resolve(), tuple(args.lambdas)
     methods = _methods(args.policy_steps, args.value_pretraining_steps)
     run_dirs = {
         method: [output_dir / f"{prefix}-seed{seed}" for seed in args.seeds]
         for method, (prefix, _, _) in methods.items()
     }
-
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         xe = pool.submit(_judge, REPOSITORY / WARM_START, "test", cache_dir=output_dir / "xe")
         trained = {
@@ -210,64 +206,118 @@ def main() -> None:
             ]
             for method, dirs in run_dirs.items()
         }
-        results = {"XE (published start)": [xe.result()]}
-        results.update({method: [future.result() for future in runs] for method, runs in tested.items()})
+        test = {"XE (published start)": [xe.result()]}
+        test.update({method: [future.result() for future in runs] for method, runs in tested.items()})
+    results = {
+        "command": benchmark_command(),
+        "code": code_version(),
+        "seeds": args.seeds,
+        "policy_steps": args.policy_steps,
+        "lambdas": args.lambdas,
+        "test": test,
+        "validation": validation,
+        "chosen_lambda": chosen,
+    }
+    return results | {"verdicts": [asdict(comparison) for comparison in comparisons_of(results)]}
 
-    keys = [key for key, _ in COLUMNS]
-    rows = {method: summarise(runs, keys) for method, runs in results.items()}
-    num_runs = {method: len(runs) for method, runs in results.items()}
-    title = (
-        f"Shapes test split (500 images), plain beam search, {args.policy_steps} policy updates from the XE start "
-        "under the same schedule"
-    )
-    tables = [f"{title}\n\n{markdown_table(rows, num_runs, COLUMNS)}"]
 
-    lookahead_keys = [f"lookahead_{lam:g}_{key}" for lam in lambdas for key, _ in LOOKAHEAD_COLUMNS]
-    validation_rows = {method: summarise(runs, lookahead_keys) for method, runs in validation.items()}
-    for method, summary in validation_rows.items():
-        by_lambda = {
-            f"{lam:g}": {key: summary[f"lookahead_{lam:g}_{key}"] for key, _ in LOOKAHEAD_COLUMNS} for lam in lambdas
-        }
-        seeds = {name: len(validation[method]) for name in by_lambda}
-        title = f"Lookahead beam search of {method} on the validation split (200 images; λ = 1: plain beam search)"
-        tables.append(f"{title}\n\n{markdown_table(by_lambda, seeds, LOOKAHEAD_COLUMNS, first_header='λ')}")
-    chosen_rows, chosen_runs = {}, {}
-    for method, lam in chosen.items():
-        chosen_keys = {f"lookahead_{lam:g}_{key}": key for key, _ in LOOKAHEAD_COLUMNS}
-        plain = summarise(results[method], [key for key, _ in LOOKAHEAD_COLUMNS])
-        at_lambda = summarise(results[method], list(chosen_keys))
-        chosen_rows[f"{method}, λ = 1"] = plain
-        chosen_rows[f"{method}, λ = {lam:g} (chosen)"] = {chosen_keys[key]: value for key, value in at_lambda.items()}
-        chosen_runs.update({name: num_runs[method] for name in list(chosen_rows)[-2:]})
-    title = "Test split at the λ chosen on validation, beside plain beam search"
-    tables.append(f"{title}\n\n{markdown_table(chosen_rows, chosen_runs, LOOKAHEAD_COLUMNS)}")
+def comparisons_of(results: dict) -> list:
+    """Ren et al.'s claims judged on test, paired by seed."""
+    test, chosen = results["test"], results["chosen_lambda"]
     per_seed = {
-        method: dict(zip(args.seeds, runs, strict=True)) for method, runs in results.items() if method in methods
+        method: dict(zip(results["seeds"], runs, strict=True))
+        for method, runs in test.items()
+        if method != "XE (published start)"
     }
     for method, lam in chosen.items():
         per_seed[f"{method}, λ = {lam:g}"] = {
             seed: {"CIDEr": run[f"lookahead_{lam:g}_CIDEr"]} for seed, run in per_seed[method].items()
         }
-    comparisons = judge_headlines(per_seed, _headlines(chosen))
-    tables.append(verdict_lines(comparisons))
-    print("\n\n".join(tables))
-    (output_dir / "results.json").write_text(
-        json.dumps(
-            {
-                "seeds": args.seeds,
-                "test": results,
-                "validation": validation,
-                "chosen_lambda": chosen,
-                "verdicts": [asdict(comparison) for comparison in comparisons],
-            },
-            indent=1,
-        )
+    return judge_headlines(per_seed, _headlines(chosen))
+
+
+def render_tables(results: dict) -> list[str]:
+    """The test table, each actor-critic model's λ sweep on validation, the test at the chosen λ, the verdicts."""
+    test, validation, chosen, lambdas = (
+        results["test"],
+        results["validation"],
+        results["chosen_lambda"],
+        results["lambdas"],
     )
-    _plot(validation_rows, lambdas, args.plot)
+    keys = [key for key, _ in COLUMNS]
+    num_runs = {method: len(runs) for method, runs in test.items()}
+    title = (
+        f"Shapes test split (500 images), plain beam search, {results['policy_steps']} policy updates from the XE "
+        "start under the same schedule"
+    )
+    rows = {method: summarise(runs, keys) for method, runs in test.items()}
+    tables = [f"{title}\n\n{markdown_table(rows, num_runs, COLUMNS)}"]
+    for method, runs in validation.items():
+        summary = summarise(runs, [f"lookahead_{lam:g}_{key}" for lam in lambdas for key, _ in LOOKAHEAD_COLUMNS])
+        by_lambda = {
+            f"{lam:g}": {key: summary[f"lookahead_{lam:g}_{key}"] for key, _ in LOOKAHEAD_COLUMNS} for lam in lambdas
+        }
+        seeds = {name: len(runs) for name in by_lambda}
+        title = f"Lookahead beam search of {method} on the validation split (200 images; λ = 1: plain beam search)"
+        tables.append(f"{title}\n\n{markdown_table(by_lambda, seeds, LOOKAHEAD_COLUMNS, first_header='λ')}")
+    chosen_rows, chosen_runs = {}, {}
+    for method, lam in chosen.items():
+        chosen_keys = {f"lookahead_{lam:g}_{key}": key for key, _ in LOOKAHEAD_COLUMNS}
+        at_lambda = summarise(test[method], list(chosen_keys))
+        chosen_rows[f"{method}, λ = 1"] = summarise(test[method], [key for key, _ in LOOKAHEAD_COLUMNS])
+        chosen_rows[f"{method}, λ = {lam:g} (chosen)"] = {chosen_keys[key]: value for key, value in at_lambda.items()}
+        chosen_runs.update({name: num_runs[method] for name in list(chosen_rows)[-2:]})
+    title = "Test split at the λ chosen on validation, beside plain beam search"
+    tables.append(f"{title}\n\n{markdown_table(chosen_rows, chosen_runs, LOOKAHEAD_COLUMNS)}")
+    tables.append(verdict_lines(comparisons_of(results)))
+    return tables
+
+
+def page_block(results: dict) -> str:
+    """What docs/methods/actor_critic.md shows between this benchmark's markers."""
+    selection = "lookahead's λ chosen on validation, the verdicts read on test"
+    return "\n\n".join([provenance_line(results, selection), *render_tables(results)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/actor_critic_reproduction"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--policy-steps", type=int, default=125, help="Policy updates of every run (125: one epoch).")
+    parser.add_argument("--value-pretraining-steps", type=int, default=100)
+    parser.add_argument("--lambdas", type=float, nargs="+", default=list(LAMBDAS))
+    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
+    parser.add_argument(
+        "--from-results", type=Path, default=None,
+        help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
+    )  # fmt: skip
+    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "lookahead_lambda_sweep.png")
+    parser.add_argument(
+        "--page", action="store_true",
+        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
+        f"from in {RESULTS.relative_to(REPOSITORY)}.",
+    )  # fmt: skip
+    parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
+    args = parser.parse_args()
+    if args.from_results is not None:
+        results = json.loads(args.from_results.read_text())
+    else:
+        results = run_reproduction(args)
+        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    tables = render_tables(results)
+    print("\n\n".join(tables))
+    if args.page:
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        write_page_block(PAGE, Path(__file__).name, page_block(results))
+    lambdas = results["lambdas"]
+    lookahead_keys = [f"lookahead_{lam:g}_CIDEr" for lam in lambdas]
+    _plot(
+        {method: summarise(runs, lookahead_keys) for method, runs in results["validation"].items()}, lambdas, args.plot
+    )
     print(f"\nplot: {args.plot}")
     if args.card is not None:  # the checkpoint's card gets the tables and the plot
         write_card_section(
-            args.card, "Reproduction on shapes", f"`{benchmark_command()}`:\n\n" + "\n\n".join(tables),
+            args.card, "Reproduction on shapes", f"`{results['command']}`:\n\n" + "\n\n".join(tables),
             plot=args.plot, plot_caption="validation CIDEr-D against λ of lookahead",
         )  # fmt: skip
 

@@ -13,7 +13,8 @@ score the warm start itself with the same protocol. The method table uses the pa
 split; the α sweep, where one would choose α, is shown on the validation split. Prints Markdown tables (mean ±
 standard deviation over seeds), the verdict of each of the paper's claims on test by the rule of `verdicts.py`
 (paired by seed: every method's seed starts from the same warm start with the same data order), and writes
-`<output-dir>/results.json` and the plot `--plot`.
+`<output-dir>/results.json` and the plot `--plot`; `--page` writes the tables and verdicts into docs/methods/sle.md,
+`--from-results` renders a results.json without reading any run.
 """
 
 from __future__ import annotations
@@ -30,15 +31,23 @@ from pathlib import Path
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
+    RESULTS_DIRECTORY,
     WARM_START,
+    benchmark_command,
+    code_version,
     markdown_table,
     plot_to,
+    provenance_line,
     run_key,
     run_once,
     run_recipe_once,
     summarise,
+    write_page_block,
 )
 from verdicts import Headline, judge_headlines, verdict_lines
+
+PAGE = REPOSITORY / "docs" / "methods" / "sle.md"
+RESULTS = RESULTS_DIRECTORY / "sle_reproduction.json"
 
 # method -> the recipe options that select it
 METHODS = {
@@ -136,18 +145,9 @@ def _plot(
         axes.set_title(f"Shapes validation split, one epoch from XE (mean ± s.d. over {seeds} seeds)", fontsize=10)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/sle_reproduction"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--alphas", type=float, nargs="*", default=[0.5, 0.9, 1.0], help="SLE alphas besides 0.75.")
-    parser.add_argument("--alpha-seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--num-train-images", type=int, default=4000)
-    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
-    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "sle_alpha_sweep.png")
-    args = parser.parse_args()
+def run_reproduction(args: argparse.Namespace) -> dict:
+    """Trains the runs that are not cached, reads the others, and returns what `results.json` holds."""
     output_dir = args.output_dir.resolve()
-
     jobs = {}  # row name -> [(run dir, options)]
     for method, options in METHODS.items():
         for seed in args.seeds:
@@ -164,33 +164,86 @@ def main() -> None:
             name: [pool.submit(run_recipe_once, "train_sle.py", run_dir, options) for run_dir, options in runs]
             for name, runs in jobs.items()
         }
-        results = {"XE": [_score_warm_start(output_dir / f"xe-seed{seed}", seed) for seed in args.seeds]}
-        results.update({name: [future.result() for future in runs] for name, runs in futures.items()})
+        runs = {"XE": [_score_warm_start(output_dir / f"xe-seed{seed}", seed) for seed in args.seeds]}
+        runs.update({name: [future.result() for future in seeds] for name, seeds in futures.items()})
+    results = {
+        "command": benchmark_command(),
+        "code": code_version(),
+        "seeds": args.seeds,
+        "runs": runs,
+        "run_seeds": {name: args.alpha_seeds if name.startswith("SLE α") else args.seeds for name in runs},
+    }
+    return results | {"verdicts": [asdict(comparison) for comparison in comparisons_of(results)]}
 
+
+def comparisons_of(results: dict) -> list:
+    """The paper's claims judged on test, paired by seed."""
+    per_seed = {
+        name: {seed: run["test"] for seed, run in zip(results["run_seeds"][name], runs, strict=True)}
+        for name, runs in results["runs"].items()
+    }
+    return judge_headlines(per_seed, HEADLINES)
+
+
+def render_tables(results: dict) -> list[str]:
+    """The test table of the methods, the validation table of the α sweep, and the verdicts."""
     table = partial(markdown_table, columns=COLUMNS)
     keys = [key for key, _ in COLUMNS]
-    test = {name: summarise([run["test"] for run in runs], keys) for name, runs in results.items()}
-    validation = {name: summarise([run["validation"] for run in runs], keys) for name, runs in results.items()}
-    num_seeds = {name: len(runs) for name, runs in results.items()}
-    main_rows = {name: test[name] for name in ("XE", *METHODS)}
+    runs = results["runs"]
+    test = {name: summarise([run["test"] for run in seeds], keys) for name, seeds in runs.items()}
+    validation = {name: summarise([run["validation"] for run in seeds], keys) for name, seeds in runs.items()}
+    num_seeds = {name: len(seeds) for name, seeds in runs.items()}
     sweep_names = ["SLL", "SLL-ME", "SLE", *(name for name in validation if name.startswith("SLE α"))]
-    sweep_rows = {"SLE α=0.75" if name == "SLE" else name: validation[name] for name in sweep_names}
-    sweep_seeds = {"SLE α=0.75": num_seeds["SLE"], **num_seeds}
-    print("\nShapes test split (500 images), from the XE warm start, one epoch each")
-    print(table(main_rows, num_seeds))
-    print("\nSLE alpha sweep, validation split (200 images), with the SLL baselines")
-    print(table(sweep_rows, sweep_seeds))
-    seeds = {name: args.alpha_seeds if name.startswith("SLE α") else args.seeds for name in results}
-    per_seed = {
-        name: {seed: run["test"] for seed, run in zip(seeds[name], runs, strict=True)}
-        for name, runs in results.items()
-    }
-    comparisons = judge_headlines(per_seed, HEADLINES)
-    print(f"\n{verdict_lines(comparisons)}")
-    report = {"runs": results, "seeds": seeds, "verdicts": [asdict(comparison) for comparison in comparisons]}
-    (output_dir / "results.json").write_text(json.dumps(report, indent=1))
-    alphas = {"SLE": 0.75, **{f"SLE α={alpha:g}": alpha for alpha in args.alphas}}
-    _plot(validation, alphas, num_seeds, args.plot)
+    return [
+        "Shapes test split (500 images), from the XE warm start, one epoch each\n\n"
+        + table({name: test[name] for name in ("XE", *METHODS)}, num_seeds),
+        "SLE alpha sweep, validation split (200 images), with the SLL baselines\n\n"
+        + table(
+            {"SLE α=0.75" if name == "SLE" else name: validation[name] for name in sweep_names},
+            {"SLE α=0.75": num_seeds["SLE"], **num_seeds},
+        ),
+        verdict_lines(comparisons_of(results)),
+    ]
+
+
+def page_block(results: dict) -> str:
+    """What docs/methods/sle.md shows between this benchmark's markers."""
+    selection = "the paper's α = 0.75 read on test, the α sweep on validation"
+    return "\n\n".join([provenance_line(results, selection), *render_tables(results)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/sle_reproduction"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--alphas", type=float, nargs="*", default=[0.5, 0.9, 1.0], help="SLE alphas besides 0.75.")
+    parser.add_argument("--alpha-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--num-train-images", type=int, default=4000)
+    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
+    parser.add_argument(
+        "--from-results", type=Path, default=None,
+        help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
+    )  # fmt: skip
+    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "sle_alpha_sweep.png")
+    parser.add_argument(
+        "--page", action="store_true",
+        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
+        f"from in {RESULTS.relative_to(REPOSITORY)}.",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if args.from_results is not None:
+        results = json.loads(args.from_results.read_text())
+    else:
+        results = run_reproduction(args)
+        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    print("\n\n".join(render_tables(results)))
+    if args.page:
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        write_page_block(PAGE, Path(__file__).name, page_block(results))
+    keys = ["sample5_Div-2", "sample5_CIDEr"]
+    validation = {name: summarise([run["validation"] for run in runs], keys) for name, runs in results["runs"].items()}
+    alphas = {"SLE": 0.75} | {name: float(name.removeprefix("SLE α=")) for name in validation if "α=" in name}
+    _plot(validation, alphas, {name: len(runs) for name, runs in results["runs"].items()}, args.plot)
     print(f"\nplot: {args.plot}")
 
 

@@ -17,8 +17,9 @@ test split is read once for every run at the chosen rate.
 Prints the validation table of every rate and the test table at the chosen one (mean ± s.d. over seeds) with the
 verdict of each of the paper's claims on test by the rule of `verdicts.py` (paired by seed: every variant's seed
 starts from the same warm start with the same data order), writes `<output-dir>/results.json`, plots the
-evaluator's test text-to-image R@1 against CIDEr-D (`--plot`) and, with `--card`, puts the test table and the
-verdicts into a checkpoint's model card. Runs whose scores exist are read, not trained again.
+evaluator's test text-to-image R@1 against CIDEr-D (`--plot`), with `--page` writes the tables and verdicts into
+docs/methods/wtf.md, and with `--card` puts the test table and the verdicts into a checkpoint's model card. Runs
+whose scores exist are read, not trained again; `--from-results` renders a results.json without reading any run.
 """
 
 from __future__ import annotations
@@ -33,15 +34,22 @@ from pathlib import Path
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
+    RESULTS_DIRECTORY,
     WARM_START,
     benchmark_command,
+    code_version,
     markdown_table,
     plot_to,
+    provenance_line,
     run_recipe_once,
     summarise,
     write_card_section,
+    write_page_block,
 )
 from verdicts import Headline, judge_headlines, verdict_lines
+
+PAGE = REPOSITORY / "docs" / "methods" / "wtf.md"
+RESULTS = RESULTS_DIRECTORY / "wtf_reproduction.json"
 
 # the rows of Table 1, and `rl` without the discriminator's part of the reward (α = 1): what the discriminator prevents
 VARIANT_OPTIONS = {
@@ -134,27 +142,13 @@ def _plot(rows: dict[str, dict[str, tuple[float, float]]], learning_rate: float,
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/wtf_reproduction"))
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument(
-        "--image-text-variants", nargs="*", default=list(DISCRIMINATOR_VARIANTS), choices=DISCRIMINATOR_VARIANTS,
-        help="Variants run again at the chosen rate with the discriminator reading the image too.",
-    )  # fmt: skip
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--max-steps", type=int, default=250, help="Training steps of every run (250: one epoch).")
-    parser.add_argument(
-        "--learning-rates", type=float, nargs="+", default=[1e-4, 3e-5], help="The policy's learning rates."
-    )
-    parser.add_argument(
-        "--collapse-parse-failures", type=float, default=0.05,
-        help="A run whose validation captions fail to parse more often than this has collapsed.",
-    )  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
-    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "wtf_variants.png")
-    parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the table into.")
-    args = parser.parse_args()
+def run_name(variant: str, learning_rate: float) -> str:
+    """A run's row in the validation table and its key in `results.json`: `wtf_rl, image_text, lr 3e-05`."""
+    return f"{variant}, lr {learning_rate:g}"
+
+
+def run_reproduction(args: argparse.Namespace) -> dict:
+    """Trains the runs that are not cached, reads the others, and returns what `results.json` holds."""
     output_dir = args.output_dir.resolve()
 
     def run_all(pool, arms: list[tuple[str, float]]) -> dict[tuple[str, float], list[dict]]:
@@ -173,48 +167,106 @@ def main() -> None:
         return {arm: [future.result() for future in runs] for arm, runs in futures.items()}
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = run_all(pool, [(v, rate) for rate in args.learning_rates for v in args.variants])
-        learning_rate = chosen_learning_rate(results, args.collapse_parse_failures)
-        results.update(run_all(pool, [(f"{v}{IMAGE_TEXT}", learning_rate) for v in args.image_text_variants]))
+        runs = run_all(pool, [(v, rate) for rate in args.learning_rates for v in args.variants])
+        learning_rate = chosen_learning_rate(runs, args.collapse_parse_failures)
+        runs.update(run_all(pool, [(f"{v}{IMAGE_TEXT}", learning_rate) for v in args.image_text_variants]))
+    results = {
+        "command": benchmark_command(),
+        "code": code_version(),
+        "seeds": args.seeds,
+        "max_steps": args.max_steps,
+        "learning_rate": learning_rate,
+        "runs": {run_name(variant, rate): seeds for (variant, rate), seeds in runs.items()},
+    }
+    return results | {"verdicts": [asdict(comparison) for comparison in comparisons_of(results)]}
 
+
+def chosen_runs(results: dict) -> dict[str, list[dict]]:
+    """Each variant's runs at the chosen learning rate, by variant."""
+    suffix = f", lr {results['learning_rate']:g}"
+    return {name.removesuffix(suffix): runs for name, runs in results["runs"].items() if name.endswith(suffix)}
+
+
+def comparisons_of(results: dict) -> list:
+    """The paper's claims judged on test at the chosen rate, paired by seed."""
+    per_seed = {
+        variant: {seed: run["test"] for seed, run in zip(results["seeds"], runs, strict=True)}
+        for variant, runs in chosen_runs(results).items()
+    }
+    return judge_headlines(per_seed, HEADLINES)
+
+
+def render_tables(results: dict) -> list[str]:
+    """The validation table of every variant and rate, the test table at the chosen rate, and the verdicts."""
     keys = [name for name, _ in COLUMNS]
     table = partial(markdown_table, columns=COLUMNS, first_header="variant")
-    validation = {
-        f"{variant}, lr {rate:g}": summarise([run["validation"] for run in runs], keys)
-        for (variant, rate), runs in results.items()
-    }
-    num_runs = {f"{variant}, lr {rate:g}": len(runs) for (variant, rate), runs in results.items()}
-    validation_title = f"Validation split (200 images), {args.max_steps} steps of each variant from the XE warm start"
-    print(f"\n{validation_title}\n{table(validation, num_runs)}")
-    chosen = {variant: runs for (variant, rate), runs in results.items() if rate == learning_rate}
-    test = {variant: summarise([run["test"] for run in runs], keys) for variant, runs in chosen.items()}
-    title = (
-        f"Shapes test split (500 images), {args.max_steps} steps of each variant from the XE warm start at learning "
-        f"rate {learning_rate:g} (the largest with no collapse on validation)"
+    runs, chosen = results["runs"], chosen_runs(results)
+    validation = {name: summarise([run["validation"] for run in seeds], keys) for name, seeds in runs.items()}
+    test = {variant: summarise([run["test"] for run in seeds], keys) for variant, seeds in chosen.items()}
+    return [
+        f"Validation split (200 images), {results['max_steps']} steps of each variant from the XE warm start\n\n"
+        + table(validation, {name: len(seeds) for name, seeds in runs.items()}),
+        f"Shapes test split (500 images), {results['max_steps']} steps of each variant from the XE warm start at "
+        f"learning rate {results['learning_rate']:g} (the largest with no collapse on validation)\n\n"
+        + table(test, {variant: len(seeds) for variant, seeds in chosen.items()}),
+        verdict_lines(comparisons_of(results)),
+    ]
+
+
+def page_block(results: dict) -> str:
+    """What docs/methods/wtf.md shows between this benchmark's markers."""
+    selection = "the learning rate chosen on validation, the verdicts read on test"
+    return "\n\n".join([provenance_line(results, selection), *render_tables(results)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/wtf_reproduction"))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument(
+        "--image-text-variants", nargs="*", default=list(DISCRIMINATOR_VARIANTS), choices=DISCRIMINATOR_VARIANTS,
+        help="Variants run again at the chosen rate with the discriminator reading the image too.",
+    )  # fmt: skip
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--max-steps", type=int, default=250, help="Training steps of every run (250: one epoch).")
+    parser.add_argument(
+        "--learning-rates", type=float, nargs="+", default=[1e-4, 3e-5], help="The policy's learning rates."
     )
-    markdown = table(test, {variant: len(runs) for variant, runs in chosen.items()})
-    per_seed = {
-        variant: {seed: run["test"] for seed, run in zip(args.seeds, runs, strict=True)}
-        for variant, runs in chosen.items()
-    }
-    comparisons = judge_headlines(per_seed, HEADLINES)
-    verdicts = verdict_lines(comparisons)
-    print(f"\n{title}\n{markdown}\n\n{verdicts}")
+    parser.add_argument(
+        "--collapse-parse-failures", type=float, default=0.05,
+        help="A run whose validation captions fail to parse more often than this has collapsed.",
+    )  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
+    parser.add_argument(
+        "--from-results", type=Path, default=None,
+        help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
+    )  # fmt: skip
+    parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "wtf_variants.png")
+    parser.add_argument(
+        "--page", action="store_true",
+        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
+        f"from in {RESULTS.relative_to(REPOSITORY)}.",
+    )  # fmt: skip
+    parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the table into.")
+    args = parser.parse_args()
+    if args.from_results is not None:
+        results = json.loads(args.from_results.read_text())
+    else:
+        results = run_reproduction(args)
+        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
+    tables = render_tables(results)
+    print("\n\n".join(tables))
+    if args.page:
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        write_page_block(PAGE, Path(__file__).name, page_block(results))
     if args.card is not None:
-        section = f"{title} (`{benchmark_command()}`):\n\n{markdown}\n\n{verdicts}"
+        section = f"`{results['command']}`:\n\n" + "\n\n".join(tables[1:])
         write_card_section(args.card, "Table 1 of the paper on shapes", section)
-    (output_dir / "results.json").write_text(
-        json.dumps(
-            {
-                "runs": {f"{v}, lr {rate:g}": runs for (v, rate), runs in results.items()},
-                "seeds": args.seeds,
-                "learning_rate": learning_rate,
-                "verdicts": [asdict(comparison) for comparison in comparisons],
-            },
-            indent=1,
-        )
-    )
-    _plot(test, learning_rate, args.plot)
+    keys = [name for name, _ in COLUMNS]
+    test = {
+        variant: summarise([run["test"] for run in seeds], keys) for variant, seeds in chosen_runs(results).items()
+    }
+    _plot(test, results["learning_rate"], args.plot)
     print(f"\nplot: {args.plot}")
 
 

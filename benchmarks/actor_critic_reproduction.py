@@ -51,8 +51,9 @@ from reproduction import (
     summarise,
     write_card_section,
     write_page_block,
+    write_readme_verdict,
 )
-from verdicts import Headline, judge_headlines, verdict_lines
+from verdicts import Headline, judge_headlines, summary_cell, verdict_lines
 
 from rlcaption.evaluation import caption_dataset, clip_scores, scene_grounding_scores
 from rlcaption.metrics import evaluate_captions, load_clip
@@ -61,6 +62,8 @@ from rlcaption.rewards import get_reward
 
 PAGE = REPOSITORY / "docs" / "methods" / "actor_critic.md"
 RESULTS = RESULTS_DIRECTORY / "actor_critic_reproduction.json"
+# its row of the README's Methods table
+OBJECTIVE = "actor_critic"
 
 EMBEDDING_MODEL = "checkpoints/visual-semantic-embedding-shapes"
 LAMBDAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -309,6 +312,7 @@ def main() -> None:
     if args.page:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         write_page_block(PAGE, Path(__file__).name, page_block(results))
+        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
     lambdas = results["lambdas"]
     lookahead_keys = [f"lookahead_{lam:g}_CIDEr" for lam in lambdas]
     _plot(

@@ -58,8 +58,9 @@ from reproduction import (
     run_once,
     write_card_section,
     write_page_block,
+    write_readme_verdict,
 )
-from verdicts import compare_family
+from verdicts import compare_family, summary_cell, verdict_lines
 
 from rlcaption.data import load_shapes
 from rlcaption.evaluation import caption_dataset, clip_scores, diversity_scores, scene_grounding_scores
@@ -81,6 +82,8 @@ CIDER_REWARD = ["cider"]
 BCMR_REWARD = ["bleu", "cider", "meteor", "rouge_l"]
 PAGE = REPOSITORY / "docs" / "methods" / "spider_pg.md"
 RESULTS = RESULTS_DIRECTORY / "compare_objectives.json"
+# its row of the README's Methods table
+OBJECTIVE = "spider_pg"
 
 _shapes: datasets.DatasetDict | None = None  # each worker process loads the dataset once
 
@@ -234,13 +237,14 @@ def _markdown_table(summary, keys: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _verdicts(runs: dict[str, list[dict[str, float]]], seeds: list[int]) -> dict[str, str]:
+def comparisons_of(results: dict) -> list:
     """
     Each spider_pg arm against SCST with the same reward, on CIDEr-D and the evaluator's R@1, judged as one family by
     the rule of `verdicts.py`: paired by seed (every arm starts from the same warm start with the same seeds and data
-    order), the direction being the method's claim to improve on its baseline.
+    order), the direction being the method's claim to improve on its baseline; each arm at its chosen learning rate.
     """
-    headlines, names = [], []
+    runs, seeds = test_runs(results), results["seeds"]
+    headlines = []
     for name, rows in runs.items():
         reference = "SCST, BCMR" if name.endswith(", BCMR") else "SCST"
         if not name.startswith("spider_pg") or reference not in runs:
@@ -252,8 +256,7 @@ def _verdicts(runs: dict[str, list[dict[str, float]]], seeds: list[int]) -> dict
                 headlines.append(
                     {"first": arm, "second": baseline, "metric": DISPLAY_NAMES[key], "names": (name, reference)}
                 )
-                names.append(f"{name}: {DISPLAY_NAMES[key]}")
-    return {name: comparison.sentence() for name, comparison in zip(names, compare_family(headlines), strict=True)}
+    return compare_family(headlines)
 
 
 def _plot(summary, path) -> None:
@@ -309,7 +312,7 @@ def render_tables(results: dict) -> list[str]:
         f"Test split ({settings['num_test']} images), beam 3, each arm at its chosen learning rate; warm start "
         f"{settings['xe_model']}; {results['minutes']:.0f} min in all with {settings['jobs']} job(s)\n\n"
         + _markdown_table(_summary(test, [*keys, "train_seconds"]), keys),
-        "\n".join(f"- {verdict}" for verdict in _verdicts(test_runs(results), results["seeds"]).values()),
+        verdict_lines(comparisons_of(results)),
     ]
 
 
@@ -403,6 +406,7 @@ def main() -> None:
     if args.page:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
         write_page_block(PAGE, Path(__file__).name, page_block(results))
+        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
     if args.card:
         plot = Path(args.plot) if args.plot else None
         body = f"`{results['command']}`:\n\n" + "\n\n".join(tables)

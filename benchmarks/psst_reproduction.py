@@ -50,11 +50,14 @@ from reproduction import (
     summarise,
     write_card_section,
     write_page_block,
+    write_readme_verdict,
 )
-from verdicts import Headline, judge_headlines, verdict_lines
+from verdicts import Headline, judge_headlines, summary_cell, verdict_lines
 
 PAGE = REPOSITORY / "docs" / "methods" / "psst.md"
 RESULTS = RESULTS_DIRECTORY / "psst_reproduction.json"
+# its row of the README's Methods table
+OBJECTIVE = "psst"
 
 # the ways of passing words: name -> recipe options
 WAYS = {
@@ -383,6 +386,7 @@ def main() -> None:
     if args.page:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         write_page_block(PAGE, Path(__file__).name, page_block(results))
+        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
         print(f"page: {PAGE}")
     if args.card is not None:  # the checkpoint's card gets the tables and the plot
         write_card_section(

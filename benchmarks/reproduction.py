@@ -5,8 +5,9 @@ continues where it stopped), and the runs of a row are summarised as mean ± sta
 table.
 
 Each reproduction also writes its page's tables and verdicts: between the markers `<!-- <script>: begin -->` and
-`<!-- <script>: end -->` of its docs/methods page ([`write_page_block`]), rendered from its results, which it keeps
-in `benchmarks/results/<script>.json` ([`RESULTS_DIRECTORY`]) so that a test can render them again and compare.
+`<!-- <script>: end -->` of its docs/methods page ([`write_page_block`]), and its verdicts into its row of the
+README's Methods table ([`write_readme_verdict`]), rendered from its results, which it keeps in
+`benchmarks/results/<script>.json` ([`RESULTS_DIRECTORY`]) so that a test can render them again and compare.
 
 One cache serves them all: a run's folder holds `run_key.json` beside its results, with what made it: the recipe (an
 `examples/` script, or the benchmark's own arm), its options, the code version (the git commit and a hash of the
@@ -228,6 +229,33 @@ def write_page_block(page: Path, script: str, block: str) -> None:
     begin, end = _page_markers(script)
     text = text[: text.index(begin) + len(begin)] + f"\n{block.strip()}\n" + text[text.index(end) :]
     page.write_text(text, encoding="utf-8")
+
+
+README = REPOSITORY / "README.md"
+
+
+def _methods_table_row(text: str, objective: str) -> tuple[int, list[str]]:
+    """The index of the line of the README's Methods table whose objective column is `objective`, and its cells."""
+    for index, line in enumerate(text.split("\n")):
+        cells = line.split(" | ")
+        if line.startswith("| ") and len(cells) > 2 and cells[2] == f"`{objective}`":
+            return index, cells
+    raise ValueError(f"The Methods table of {README} has no row whose objective is `{objective}`.")
+
+
+def read_readme_verdict(objective: str) -> str:
+    """The last cell (the reproduction in short) of `objective`'s row of the README's Methods table."""
+    _, cells = _methods_table_row(README.read_text(encoding="utf-8"), objective)
+    return cells[-1].removesuffix(" |")
+
+
+def write_readme_verdict(objective: str, cell: str) -> None:
+    """Puts `cell` as the last cell of `objective`'s row of the README's Methods table."""
+    text = README.read_text(encoding="utf-8")
+    index, cells = _methods_table_row(text, objective)
+    lines = text.split("\n")
+    lines[index] = " | ".join([*cells[:-1], f"{cell} |"])
+    README.write_text("\n".join(lines), encoding="utf-8")
 
 
 def provenance_line(results: Mapping[str, Any], selection: str) -> str:

@@ -43,11 +43,14 @@ from reproduction import (
     run_recipe_once,
     summarise,
     write_page_block,
+    write_readme_verdict,
 )
-from verdicts import Headline, judge_headlines, verdict_lines
+from verdicts import Headline, judge_headlines, summary_cell, verdict_lines
 
 PAGE = REPOSITORY / "docs" / "methods" / "sle.md"
 RESULTS = RESULTS_DIRECTORY / "sle_reproduction.json"
+# its row of the README's Methods table
+OBJECTIVE = "sle"
 
 # method -> the recipe options that select it
 METHODS = {
@@ -240,6 +243,7 @@ def main() -> None:
     if args.page:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         write_page_block(PAGE, Path(__file__).name, page_block(results))
+        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
     keys = ["sample5_Div-2", "sample5_CIDEr"]
     validation = {name: summarise([run["validation"] for run in runs], keys) for name, runs in results["runs"].items()}
     alphas = {"SLE": 0.75} | {name: float(name.removeprefix("SLE α=")) for name in validation if "α=" in name}

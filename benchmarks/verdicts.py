@@ -40,6 +40,7 @@ __all__ = [
     "compare_family",
     "compare_summaries",
     "judge_headlines",
+    "summary_cell",
     "verdict_lines",
 ]
 
@@ -255,6 +256,15 @@ def verdict_lines(comparisons: Sequence[Comparison]) -> str:
         f"interval at {comparisons[0].confidence:.2%} (Bonferroni); p-values unadjusted."
     )
     return "\n".join([header, "", *(f"- {comparison.sentence()}" for comparison in comparisons)])
+
+
+def summary_cell(comparisons: Sequence[Comparison]) -> str:
+    """The verdicts of a page's family in one Markdown table cell, as the README's Methods table shows them."""
+    return "; ".join(
+        f"{comparison.first} − {comparison.second}, {comparison.metric}: {comparison.verdict} "
+        f"({comparison.difference:+.3f} [{comparison.low:+.3f}, {comparison.high:+.3f}])"
+        for comparison in comparisons
+    )
 
 
 def _verdict(low: float, high: float, sign: int, num_seeds: int) -> str:

@@ -45,11 +45,14 @@ from reproduction import (
     summarise,
     write_card_section,
     write_page_block,
+    write_readme_verdict,
 )
-from verdicts import Headline, judge_headlines, verdict_lines
+from verdicts import Headline, judge_headlines, summary_cell, verdict_lines
 
 PAGE = REPOSITORY / "docs" / "methods" / "wtf.md"
 RESULTS = RESULTS_DIRECTORY / "wtf_reproduction.json"
+# its row of the README's Methods table
+OBJECTIVE = "wtf"
 
 # the rows of Table 1, and `rl` without the discriminator's part of the reward (α = 1): what the discriminator prevents
 VARIANT_OPTIONS = {
@@ -259,6 +262,7 @@ def main() -> None:
     if args.page:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         write_page_block(PAGE, Path(__file__).name, page_block(results))
+        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
     if args.card is not None:
         section = f"`{results['command']}`:\n\n" + "\n\n".join(tables[1:])
         write_card_section(args.card, "Table 1 of the paper on shapes", section)

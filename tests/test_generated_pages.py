@@ -13,18 +13,36 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import psst_reproduction  # noqa: E402
 import reproduction  # noqa: E402
+import verdicts  # noqa: E402
 
 GENERATED = sorted(path.stem for path in (BENCHMARKS / "results").glob("*.json"))
 
 
 @pytest.mark.parametrize("script", GENERATED)
-def test_every_page_block_is_what_its_committed_results_render(script):
+def test_every_page_block_and_readme_verdict_is_what_its_committed_results_render(script):
     benchmark = importlib.import_module(script)
     results = json.loads(benchmark.RESULTS.read_text())
-    assert reproduction.read_page_block(benchmark.PAGE, f"{script}.py") == benchmark.page_block(results).strip(), (
-        f"{benchmark.PAGE} is not what {benchmark.RESULTS.name} renders: run "
-        f"`python benchmarks/{script}.py --from-results {benchmark.RESULTS.relative_to(BENCHMARKS.parent)} --page`"
+    results_file = benchmark.RESULTS.relative_to(BENCHMARKS.parent)
+    again = f"run `python benchmarks/{script}.py --from-results {results_file} --page`"
+    page = reproduction.read_page_block(benchmark.PAGE, f"{script}.py")
+    assert page == benchmark.page_block(results).strip(), f"{benchmark.PAGE} is not what its results render: {again}"
+    cell = verdicts.summary_cell(benchmark.comparisons_of(results))
+    assert reproduction.read_readme_verdict(benchmark.OBJECTIVE) == cell, f"the README's row is stale: {again}"
+
+
+def test_a_methods_table_row_gets_its_verdicts_and_keeps_its_other_cells(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "| method | paper | objective | page | in short |\n|---|---|---|---|---|\n"
+        "| PSST | Vered et al. | `psst` | [psst](psst.md) | old words |\n"
+        "| SCST | Rennie et al. | `scst` | [scst](scst.md) | other words |\n"
     )
+    monkeypatch.setattr(reproduction, "README", readme)
+    reproduction.write_readme_verdict("psst", "new verdicts")
+    assert readme.read_text().split("\n")[2] == "| PSST | Vered et al. | `psst` | [psst](psst.md) | new verdicts |"
+    assert reproduction.read_readme_verdict("scst") == "other words"
+    with pytest.raises(ValueError, match="no row whose objective is `sle`"):
+        reproduction.write_readme_verdict("sle", "x")
 
 
 def test_a_page_block_is_replaced_between_its_markers_and_nothing_else(tmp_path):

@@ -40,8 +40,8 @@ import torch
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
-    RESULTS_DIRECTORY,
     WARM_START,
+    GeneratedPage,
     benchmark_command,
     code_version,
     markdown_table,
@@ -50,20 +50,16 @@ from reproduction import (
     run_recipe_once,
     summarise,
     write_card_section,
-    write_page_block,
-    write_readme_verdict,
 )
-from verdicts import Headline, judge_headlines, summary_cell, verdict_lines
+from verdicts import Headline, judge_headlines, verdict_lines
 
 from rlcaption.evaluation import caption_dataset, clip_scores, scene_grounding_scores
 from rlcaption.metrics import evaluate_captions, load_clip
 from rlcaption.recipes import RecipeArguments, load_pretrained_captioner, load_recipe_dataset
 from rlcaption.rewards import get_reward
 
-PAGE = REPOSITORY / "docs" / "methods" / "actor_critic.md"
-RESULTS = RESULTS_DIRECTORY / "actor_critic_reproduction.json"
-# its row of the README's Methods table
-OBJECTIVE = "actor_critic"
+# the page, README row and kept results its `--page` writes
+PAGE = GeneratedPage(Path(__file__).name, REPOSITORY / "docs" / "methods" / "actor_critic.md", "actor_critic")
 
 EMBEDDING_MODEL = "checkpoints/visual-semantic-embedding-shapes"
 LAMBDAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -290,29 +286,13 @@ def main() -> None:
     parser.add_argument("--value-pretraining-steps", type=int, default=100)
     parser.add_argument("--lambdas", type=float, nargs="+", default=list(LAMBDAS))
     parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
-    parser.add_argument(
-        "--from-results", type=Path, default=None,
-        help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
-    )  # fmt: skip
     parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "lookahead_lambda_sweep.png")
-    parser.add_argument(
-        "--page", action="store_true",
-        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
-        f"from in {RESULTS.relative_to(REPOSITORY)}.",
-    )  # fmt: skip
     parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
+    PAGE.add_arguments(parser)
     args = parser.parse_args()
-    if args.from_results is not None:
-        results = json.loads(args.from_results.read_text())
-    else:
-        results = run_reproduction(args)
-        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
-    tables = render_tables(results)
-    print("\n\n".join(tables))
-    if args.page:
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-        write_page_block(PAGE, Path(__file__).name, page_block(results))
-        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
+    results, tables = PAGE.report(
+        args, lambda: run_reproduction(args), args.output_dir, render_tables, page_block, comparisons_of
+    )
     lambdas = results["lambdas"]
     lookahead_keys = [f"lookahead_{lam:g}_CIDEr" for lam in lambdas]
     _plot(

@@ -50,17 +50,15 @@ import torch
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
-    RESULTS_DIRECTORY,
+    GeneratedPage,
     benchmark_command,
     plot_to,
     provenance_line,
     run_key,
     run_once,
     write_card_section,
-    write_page_block,
-    write_readme_verdict,
 )
-from verdicts import compare_family, summary_cell, verdict_lines
+from verdicts import compare_family, verdict_lines
 
 from rlcaption.data import load_shapes
 from rlcaption.evaluation import caption_dataset, clip_scores, diversity_scores, scene_grounding_scores
@@ -80,10 +78,8 @@ DISPLAY_NAMES = {
 CIDER_REWARD = ["cider"]
 # Liu et al. 2017's "BCMR": BLEU-4, CIDEr-D, METEOR and ROUGE-L with equal weights
 BCMR_REWARD = ["bleu", "cider", "meteor", "rouge_l"]
-PAGE = REPOSITORY / "docs" / "methods" / "spider_pg.md"
-RESULTS = RESULTS_DIRECTORY / "compare_objectives.json"
-# its row of the README's Methods table
-OBJECTIVE = "spider_pg"
+# the page, README row and kept results its `--page` writes
+PAGE = GeneratedPage(Path(__file__).name, REPOSITORY / "docs" / "methods" / "spider_pg.md", "spider_pg")
 
 _shapes: datasets.DatasetDict | None = None  # each worker process loads the dataset once
 
@@ -382,31 +378,19 @@ def main() -> None:
         "--output-dir", default="runs/compare_objectives", help="The cache: one folder per run (arm, rate and seed)."
     )
     parser.add_argument("--output", default=None, help="Optional JSON file for the per-seed scores.")
-    parser.add_argument(
-        "--from-results", type=Path, default=None,
-        help="A JSON of an earlier run (--output): render its tables without reading any run.",
-    )  # fmt: skip
     parser.add_argument("--plot", default=None, help="Optional picture of CIDEr-D against the evaluator's R@1.")
-    parser.add_argument(
-        "--page", action="store_true",
-        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
-        f"from in {RESULTS.relative_to(REPOSITORY)}.",
-    )  # fmt: skip
     parser.add_argument("--card", default=None, help="Optional model card (README.md) to put the table into.")
+    PAGE.add_arguments(parser)
     args = parser.parse_args()
-    results = json.loads(args.from_results.read_text()) if args.from_results else run_comparison(args)
-    tables = render_tables(results)
-    print("\n\n".join(tables))
+    results, tables = PAGE.report(
+        args, lambda: run_comparison(args), Path(args.output_dir), render_tables, page_block, comparisons_of
+    )
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         Path(args.output).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     if args.plot:
         keys = ["CIDEr", "t2i_R@1"]
         _plot(_summary(test_runs(results), keys), Path(args.plot))
-    if args.page:
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-        write_page_block(PAGE, Path(__file__).name, page_block(results))
-        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
     if args.card:
         plot = Path(args.plot) if args.plot else None
         body = f"`{results['command']}`:\n\n" + "\n\n".join(tables)

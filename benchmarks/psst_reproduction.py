@@ -39,8 +39,8 @@ import numpy as np
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
-    RESULTS_DIRECTORY,
     WARM_START,
+    GeneratedPage,
     benchmark_command,
     code_version,
     markdown_table,
@@ -49,15 +49,11 @@ from reproduction import (
     run_recipe_once,
     summarise,
     write_card_section,
-    write_page_block,
-    write_readme_verdict,
 )
-from verdicts import Headline, judge_headlines, summary_cell, verdict_lines
+from verdicts import Headline, judge_headlines, verdict_lines
 
-PAGE = REPOSITORY / "docs" / "methods" / "psst.md"
-RESULTS = RESULTS_DIRECTORY / "psst_reproduction.json"
-# its row of the README's Methods table
-OBJECTIVE = "psst"
+# the page, README row and kept results its `--page` writes
+PAGE = GeneratedPage(Path(__file__).name, REPOSITORY / "docs" / "methods" / "psst.md", "psst")
 
 # the ways of passing words: name -> recipe options
 WAYS = {
@@ -362,32 +358,15 @@ def main() -> None:
         "--listener-warmup-steps", type=int, default=2000, help="Steps of each seed's listener warm-up."
     )
     parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
-    parser.add_argument(
-        "--from-results", type=Path, default=None,
-        help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
-    )  # fmt: skip
     parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "psst_lambda_sweep.png")
-    parser.add_argument(
-        "--page", action="store_true",
-        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
-        f"from in {RESULTS.relative_to(REPOSITORY)}.",
-    )  # fmt: skip
     parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the tables into.")
+    PAGE.add_arguments(parser)
     args = parser.parse_args()
-    if args.from_results is not None:
-        results = json.loads(args.from_results.read_text())
-    else:
-        results = run_reproduction(args)
-        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
-    tables = render_tables(results)
-    print("\n\n".join(tables))
+    results, tables = PAGE.report(
+        args, lambda: run_reproduction(args), args.output_dir, render_tables, page_block, comparisons_of
+    )
     _plot_results(results, args.plot)
     print(f"\nplot: {args.plot}")
-    if args.page:
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-        write_page_block(PAGE, Path(__file__).name, page_block(results))
-        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
-        print(f"page: {PAGE}")
     if args.card is not None:  # the checkpoint's card gets the tables and the plot
         write_card_section(
             args.card, "Reproduction on shapes", f"`{results['command']}`:\n\n" + "\n\n".join(tables),

@@ -18,6 +18,7 @@ read as this run's results.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -30,6 +31,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from verdicts import Comparison, summary_cell
 
 from rlcaption.hub.provenance import code_version
 
@@ -256,6 +259,68 @@ def write_readme_verdict(objective: str, cell: str) -> None:
     lines = text.split("\n")
     lines[index] = " | ".join([*cells[:-1], f"{cell} |"])
     README.write_text("\n".join(lines), encoding="utf-8")
+
+
+class GeneratedPage:
+    """
+    What a reproduction writes from its results: its block of a docs/methods page (between the markers of
+    [`write_page_block`]), its row of the README's Methods table, and the results themselves, kept in
+    `benchmarks/results/<script stem>.json` for the test that renders them again.
+
+    Args:
+        script: the benchmark's file name (`psst_reproduction.py`), which names the page's markers.
+        page: the docs/methods page.
+        objective: the objective of its row in the README's Methods table.
+    """
+
+    def __init__(self, script: str, page: Path, objective: str):
+        self.script, self.page, self.objective = script, page, objective
+        self.results = RESULTS_DIRECTORY / f"{Path(script).stem}.json"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """`--from-results FILE` (render an earlier run's results.json without reading any run) and `--page`."""
+        parser.add_argument(
+            "--from-results", type=Path, default=None,
+            help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
+        )  # fmt: skip
+        parser.add_argument(
+            "--page", action="store_true",
+            help=f"Write the tables and verdicts into {self.page.relative_to(REPOSITORY)} and the README's Methods "
+            f"table, and keep the results they come from in {self.results.relative_to(REPOSITORY)}.",
+        )  # fmt: skip
+
+    @staticmethod
+    def _results_of(args: argparse.Namespace, run: Callable[[], dict], output_dir: Path) -> dict:
+        """The results of `--from-results`, else those of `run()`, written to `output_dir/results.json`."""
+        if args.from_results is not None:
+            return json.loads(args.from_results.read_text(encoding="utf-8"))
+        results = run()
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+        return results
+
+    def report(
+        self,
+        args: argparse.Namespace,
+        run: Callable[[], dict],
+        output_dir: Path,
+        render_tables: Callable[[dict], list[str]],
+        page_block: Callable[[dict], str],
+        comparisons_of: Callable[[dict], list[Comparison]],
+    ) -> tuple[dict, list[str]]:
+        """
+        The results (`--from-results`, else `run()`'s, kept in `output_dir/results.json`) and their tables, printed;
+        with `--page`, the results kept in `benchmarks/results/`, the page's block and the README's row written.
+        """
+        results = self._results_of(args, run, output_dir)
+        tables = render_tables(results)
+        print("\n\n".join(tables))
+        if args.page:
+            self.results.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+            write_page_block(self.page, self.script, page_block(results))
+            write_readme_verdict(self.objective, summary_cell(comparisons_of(results)))
+            print(f"page: {self.page}; README row `{self.objective}`; results: {self.results}")
+        return results, tables
 
 
 def provenance_line(results: Mapping[str, Any], selection: str) -> str:

@@ -20,7 +20,6 @@ standard deviation over seeds), the verdict of each of the paper's claims on tes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -31,8 +30,8 @@ from pathlib import Path
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
-    RESULTS_DIRECTORY,
     WARM_START,
+    GeneratedPage,
     benchmark_command,
     code_version,
     markdown_table,
@@ -42,15 +41,11 @@ from reproduction import (
     run_once,
     run_recipe_once,
     summarise,
-    write_page_block,
-    write_readme_verdict,
 )
-from verdicts import Headline, judge_headlines, summary_cell, verdict_lines
+from verdicts import Headline, judge_headlines, verdict_lines
 
-PAGE = REPOSITORY / "docs" / "methods" / "sle.md"
-RESULTS = RESULTS_DIRECTORY / "sle_reproduction.json"
-# its row of the README's Methods table
-OBJECTIVE = "sle"
+# the page, README row and kept results its `--page` writes
+PAGE = GeneratedPage(Path(__file__).name, REPOSITORY / "docs" / "methods" / "sle.md", "sle")
 
 # method -> the recipe options that select it
 METHODS = {
@@ -223,27 +218,12 @@ def main() -> None:
     parser.add_argument("--alpha-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--num-train-images", type=int, default=4000)
     parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
-    parser.add_argument(
-        "--from-results", type=Path, default=None,
-        help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
-    )  # fmt: skip
     parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "sle_alpha_sweep.png")
-    parser.add_argument(
-        "--page", action="store_true",
-        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
-        f"from in {RESULTS.relative_to(REPOSITORY)}.",
-    )  # fmt: skip
+    PAGE.add_arguments(parser)
     args = parser.parse_args()
-    if args.from_results is not None:
-        results = json.loads(args.from_results.read_text())
-    else:
-        results = run_reproduction(args)
-        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
-    print("\n\n".join(render_tables(results)))
-    if args.page:
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-        write_page_block(PAGE, Path(__file__).name, page_block(results))
-        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
+    results, _ = PAGE.report(
+        args, lambda: run_reproduction(args), args.output_dir, render_tables, page_block, comparisons_of
+    )
     keys = ["sample5_Div-2", "sample5_CIDEr"]
     validation = {name: summarise([run["validation"] for run in runs], keys) for name, runs in results["runs"].items()}
     alphas = {"SLE": 0.75} | {name: float(name.removeprefix("SLE α=")) for name in validation if "α=" in name}

@@ -25,7 +25,6 @@ whose scores exist are read, not trained again; `--from-results` renders a resul
 from __future__ import annotations
 
 import argparse
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
@@ -34,8 +33,8 @@ from pathlib import Path
 from reproduction import (
     EVALUATOR_CLIP,
     REPOSITORY,
-    RESULTS_DIRECTORY,
     WARM_START,
+    GeneratedPage,
     benchmark_command,
     code_version,
     markdown_table,
@@ -44,15 +43,11 @@ from reproduction import (
     run_recipe_once,
     summarise,
     write_card_section,
-    write_page_block,
-    write_readme_verdict,
 )
-from verdicts import Headline, judge_headlines, summary_cell, verdict_lines
+from verdicts import Headline, judge_headlines, verdict_lines
 
-PAGE = REPOSITORY / "docs" / "methods" / "wtf.md"
-RESULTS = RESULTS_DIRECTORY / "wtf_reproduction.json"
-# its row of the README's Methods table
-OBJECTIVE = "wtf"
+# the page, README row and kept results its `--page` writes
+PAGE = GeneratedPage(Path(__file__).name, REPOSITORY / "docs" / "methods" / "wtf.md", "wtf")
 
 # the rows of Table 1, and `rl` without the discriminator's part of the reward (α = 1): what the discriminator prevents
 VARIANT_OPTIONS = {
@@ -240,29 +235,13 @@ def main() -> None:
         help="A run whose validation captions fail to parse more often than this has collapsed.",
     )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="Trainings run side by side (one core each).")
-    parser.add_argument(
-        "--from-results", type=Path, default=None,
-        help="A results.json of an earlier run of this benchmark: render its tables without reading any run.",
-    )  # fmt: skip
     parser.add_argument("--plot", type=Path, default=REPOSITORY / "docs" / "wtf_variants.png")
-    parser.add_argument(
-        "--page", action="store_true",
-        help=f"Write the tables and verdicts into {PAGE.relative_to(REPOSITORY)} and keep the results they come "
-        f"from in {RESULTS.relative_to(REPOSITORY)}.",
-    )  # fmt: skip
     parser.add_argument("--card", type=Path, default=None, help="A model card (README.md) to put the table into.")
+    PAGE.add_arguments(parser)
     args = parser.parse_args()
-    if args.from_results is not None:
-        results = json.loads(args.from_results.read_text())
-    else:
-        results = run_reproduction(args)
-        (args.output_dir / "results.json").write_text(json.dumps(results, indent=1))
-    tables = render_tables(results)
-    print("\n\n".join(tables))
-    if args.page:
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-        write_page_block(PAGE, Path(__file__).name, page_block(results))
-        write_readme_verdict(OBJECTIVE, summary_cell(comparisons_of(results)))
+    results, tables = PAGE.report(
+        args, lambda: run_reproduction(args), args.output_dir, render_tables, page_block, comparisons_of
+    )
     if args.card is not None:
         section = f"`{results['command']}`:\n\n" + "\n\n".join(tables[1:])
         write_card_section(args.card, "Table 1 of the paper on shapes", section)

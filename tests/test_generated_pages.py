@@ -21,13 +21,26 @@ GENERATED = sorted(path.stem for path in (BENCHMARKS / "results").glob("*.json")
 @pytest.mark.parametrize("script", GENERATED)
 def test_every_page_block_and_readme_verdict_is_what_its_committed_results_render(script):
     benchmark = importlib.import_module(script)
-    results = json.loads(benchmark.RESULTS.read_text())
-    results_file = benchmark.RESULTS.relative_to(BENCHMARKS.parent)
-    again = f"run `python benchmarks/{script}.py --from-results {results_file} --page`"
-    page = reproduction.read_page_block(benchmark.PAGE, f"{script}.py")
-    assert page == benchmark.page_block(results).strip(), f"{benchmark.PAGE} is not what its results render: {again}"
+    generated = benchmark.PAGE
+    results = json.loads(generated.results.read_text())
+    again = (
+        f"run `python benchmarks/{script}.py --from-results {generated.results.relative_to(BENCHMARKS.parent)} --page`"
+    )
+    page = reproduction.read_page_block(generated.page, generated.script)
+    assert page == benchmark.page_block(results).strip(), f"{generated.page} is not what its results render: {again}"
     cell = verdicts.summary_cell(benchmark.comparisons_of(results))
-    assert reproduction.read_readme_verdict(benchmark.OBJECTIVE) == cell, f"the README's row is stale: {again}"
+    assert reproduction.read_readme_verdict(generated.objective) == cell, f"the README's row is stale: {again}"
+
+
+@pytest.mark.parametrize(
+    "script",
+    ["psst_reproduction", "compare_objectives", "sle_reproduction", "wtf_reproduction", "actor_critic_reproduction"],
+)
+def test_every_reproduction_names_its_page_its_results_and_its_row_of_the_readme(script):
+    generated = importlib.import_module(script).PAGE
+    assert generated.page.parent == BENCHMARKS.parent / "docs" / "methods" and generated.page.is_file()
+    assert generated.script == f"{script}.py" and generated.results == BENCHMARKS / "results" / f"{script}.json"
+    reproduction.read_readme_verdict(generated.objective)  # the README has the row
 
 
 def test_a_methods_table_row_gets_its_verdicts_and_keeps_its_other_cells(tmp_path, monkeypatch):

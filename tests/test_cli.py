@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from rlcaption.cli import main
+from rlcaption.cli import build_parser, main
 from rlcaption.data import load_shapes
 from rlcaption.evaluation import caption_set_scores, caption_sets
 from rlcaption.generation.decoding import generate_captions
@@ -231,3 +231,11 @@ def test_console_command_runs_a_subcommand_and_import_rlcaption_registers_the_au
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert registered.stdout.strip() == "ShowTellRLConfig", registered.stderr
+
+
+def test_extract_features_offers_the_poolings_the_encoders_know():
+    from rlcaption.models.show_tell_rl.encoders import POOLING_MODES
+
+    subcommands = next(action for action in build_parser()._actions if action.dest == "command").choices
+    pooling = next(action for action in subcommands["extract-features"]._actions if action.dest == "pooling")
+    assert tuple(pooling.choices) == POOLING_MODES

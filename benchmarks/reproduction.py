@@ -34,7 +34,7 @@ from typing import Any
 
 from verdicts import Comparison, summary_cell
 
-from rlcaption.hub.provenance import code_version
+from rlcaption.hub import provenance
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 WARM_START = "checkpoints/show-tell-rl-shapes-xe"
@@ -51,6 +51,11 @@ RESULTS_DIRECTORY = REPOSITORY / "benchmarks" / "results"
 KEY_FIELDS = ("recipe", "code", "torch", "transformers")
 
 
+def code_version() -> str:
+    """The version of this repository's code ([`rlcaption.hub.provenance.code_version`]), whichever script asks."""
+    return provenance.code_version(REPOSITORY)
+
+
 def run_key(recipe: str, options: Sequence[str]) -> dict[str, Any]:
     """
     What makes a run's results: its recipe, its command-line options (all but `--output_dir`), the code version and
@@ -59,7 +64,7 @@ def run_key(recipe: str, options: Sequence[str]) -> dict[str, Any]:
     return {
         "recipe": recipe,
         "options": list(options),
-        "code": code_version(REPOSITORY),
+        "code": code_version(),
         "torch": importlib.metadata.version("torch"),
         "transformers": importlib.metadata.version("transformers"),
     }

@@ -25,7 +25,7 @@ def reproduction(monkeypatch):
         raise AssertionError(f"a recipe was launched: {args}")
 
     monkeypatch.setattr(reproduction.subprocess, "run", no_training)
-    monkeypatch.setattr(reproduction, "code_version", lambda *folder: "git:0123abc")
+    monkeypatch.setattr(reproduction, "code_version", lambda: "git:0123abc")
     return reproduction
 
 

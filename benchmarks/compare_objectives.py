@@ -52,10 +52,12 @@ from reproduction import (
     REPOSITORY,
     GeneratedPage,
     benchmark_command,
+    markdown_table,
     plot_to,
     provenance_line,
     run_key,
     run_once,
+    summarise,
     write_card_section,
 )
 from verdicts import compare_family, verdict_lines
@@ -204,35 +206,6 @@ def _run_arm(args, name: str, settings: dict, seed: int, learning_rate: float) -
     return scores
 
 
-def _summary(runs: dict[str, list[dict[str, float]]], keys: list[str]) -> dict[str, dict[str, dict[str, float]]]:
-    return {
-        name: {
-            key: {
-                "mean": statistics.mean(run[key] for run in scores),
-                "std": statistics.stdev(run[key] for run in scores) if len(scores) > 1 else 0.0,
-            }
-            for key in keys
-        }
-        for name, scores in runs.items()
-    }
-
-
-def _markdown_table(summary, keys: list[str]) -> str:
-    lines = [
-        "| model | " + " | ".join(DISPLAY_NAMES[key] for key in keys) + " | train s |",
-        "|---|" + "---:|" * (len(keys) + 1),
-    ]
-    for name, stats in summary.items():
-        cells = " | ".join(
-            f"{stats[key]['mean']:.1f} ± {stats[key]['std']:.1f}"
-            if key == "distinct_captions"
-            else f"{stats[key]['mean']:.3f} ± {stats[key]['std']:.3f}"
-            for key in keys
-        )
-        lines.append(f"| {name} | {cells} | {stats['train_seconds']['mean']:.0f} |")
-    return "\n".join(lines)
-
-
 def comparisons_of(results: dict) -> list:
     """
     Each spider_pg arm against SCST with the same reward, on CIDEr-D and the evaluator's R@1, judged as one family by
@@ -260,8 +233,8 @@ def _plot(summary, path) -> None:
     with plot_to(path) as axes:
         for index, (name, stats) in enumerate(summary.items()):
             axes.errorbar(
-                stats["CIDEr"]["mean"], stats["t2i_R@1"]["mean"], xerr=stats["CIDEr"]["std"],
-                yerr=stats["t2i_R@1"]["std"], capsize=3, linestyle="none", color=f"C{index}",
+                stats["CIDEr"][0], stats["t2i_R@1"][0], xerr=stats["CIDEr"][1], yerr=stats["t2i_R@1"][1],
+                capsize=3, linestyle="none", color=f"C{index}",
                 marker="s" if "BCMR" in name else "o", label=name,
             )  # fmt: skip
         axes.set_xlabel("CIDEr-D (test, beam 3)")
@@ -297,17 +270,23 @@ def render_tables(results: dict) -> list[str]:
         for rate, runs in by_rate.items()
     }
     test = {f"{arm} (lr {chosen[arm]})" if arm in chosen else arm: runs for arm, runs in test_runs(results).items()}
+    columns = [(key, DISPLAY_NAMES[key]) for key in [*keys, "train_seconds"]]
+
+    def table(runs: dict[str, list[dict[str, float]]]) -> str:
+        rows = {name: summarise(scores, [key for key, _ in columns]) for name, scores in runs.items()}
+        counts = {name: len(scores) for name, scores in runs.items()}
+        return markdown_table(rows, counts, columns, "model", {"distinct_captions": 1, "train_seconds": 0})
+
     budget = (
         f"every RL arm {settings['policy_steps']} policy updates (batch 32), linear decay over the policy updates; "
         f"spider_pg's baseline pretrained {settings['baseline_pretraining_steps']} steps first"
     )
     return [
         f"Validation split ({settings['num_validation']} images), beam 3, mean ± s.d. over seeds; {budget}; each "
-        f"arm's learning rate is the one of its best mean validation CIDEr-D\n\n"
-        + _markdown_table(_summary(validation, [*keys, "train_seconds"]), keys),
+        f"arm's learning rate is the one of its best mean validation CIDEr-D\n\n" + table(validation),
         f"Test split ({settings['num_test']} images), beam 3, each arm at its chosen learning rate; warm start "
         f"{settings['xe_model']}; {results['minutes']:.0f} min in all with {settings['jobs']} job(s)\n\n"
-        + _markdown_table(_summary(test, [*keys, "train_seconds"]), keys),
+        + table(test),
         verdict_lines(comparisons_of(results)),
     ]
 
@@ -390,7 +369,7 @@ def main() -> None:
         Path(args.output).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     if args.plot:
         keys = ["CIDEr", "t2i_R@1"]
-        _plot(_summary(test_runs(results), keys), Path(args.plot))
+        _plot({name: summarise(runs, keys) for name, runs in test_runs(results).items()}, Path(args.plot))
     if args.card:
         plot = Path(args.plot) if args.plot else None
         body = f"`{results['command']}`:\n\n" + "\n\n".join(tables)

@@ -176,14 +176,20 @@ def markdown_table(
     num_runs: Mapping[str, int],
     columns: Sequence[tuple[str, str]],
     first_header: str = "method",
+    decimals: Mapping[str, int] | None = None,
 ) -> str:
-    """One row per entry of `rows`, one `mean ± s.d.` cell per `(key, header)` of `columns`."""
+    """One row per entry of `rows`, one `mean ± s.d.` cell per `(key, header)` of `columns`, with 3 decimals unless
+    `decimals` gives the key others (a count of captions, seconds)."""
     lines = [
         f"| {first_header} | seeds | " + " | ".join(header for _, header in columns) + " |",
         "|---|---|" + "---|" * len(columns),
     ]
+    places = {key: (decimals or {}).get(key, 3) for key, _ in columns}
     for name, summary in rows.items():
-        cells = [f"{summary[key][0]:.3f} ± {summary[key][1]:.3f}" if key in summary else "" for key, _ in columns]
+        cells = [
+            f"{summary[key][0]:.{places[key]}f} ± {summary[key][1]:.{places[key]}f}" if key in summary else ""
+            for key, _ in columns
+        ]
         lines.append(f"| {name} | {num_runs[name]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

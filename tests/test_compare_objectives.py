@@ -98,7 +98,11 @@ def test_each_arm_is_read_on_test_at_the_learning_rate_of_its_best_validation_ci
     assert compare_objectives.chosen_learning_rates(results) == {"SCST": "0.0005", "spider_pg": "0.0002"}
     assert [run["CIDEr"] for run in compare_objectives.test_runs(results)["spider_pg"]] == [2.40, 2.41, 2.39]
     block = compare_objectives.page_block(results)
-    assert "| spider_pg (lr 0.0002) | 2.400 ± 0.010 |" in block and "| SCST, lr 0.0002 | 2.400 ± 0.000 |" in block
+    assert "| spider_pg (lr 0.0002) | 3 | 2.400 ± 0.010 |" in block and "| XE | 1 | 2.200 ± 0.000 |" in block
+    assert "| SCST, lr 0.0002 | 3 | 2.400 ± 0.000 |" in block
+    # a count of captions keeps one decimal, seconds none
+    rows = [row for row in block.split("\n") if "lr 0.0002" in row]
+    assert rows and all("| 100.0 ± 0.0 |" in row and row.endswith("| 1 ± 0 |") for row in rows)
     # spider_pg − SCST on test CIDEr-D: −0.10, −0.09, −0.11 by seed; SCST's direction is the paper's baseline
     assert "CIDEr-D: spider_pg − SCST = -0.100" in block and block.count("paired interval") == 2
 

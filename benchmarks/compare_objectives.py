@@ -92,6 +92,9 @@ HEADLINES = (
 # the page, README row and kept results its `--page` writes
 PAGE = GeneratedPage(Path(__file__).name, REPOSITORY / "docs" / "methods" / "spider_pg.md", "spider_pg")
 
+# options that say where results go or how they are shown, not how a run trains: left out of results.json
+NOT_SETTINGS = ("versions", "threads_per_job", "output_dir", "output", "plot", "card", "from_results", "page")
+
 _shapes: datasets.DatasetDict | None = None  # each worker process loads the dataset once
 
 
@@ -321,7 +324,11 @@ def run_comparison(args) -> dict:
     runs: dict[str, dict[str, list]] = {}
     for (name, _, _, rate), run in zip(jobs, scores, strict=True):
         runs.setdefault(name, {}).setdefault(f"{rate:g}", []).append(run)
-    settings = {name: value for name, value in vars(args).items() if name not in ("versions", "threads_per_job")}
+    # what the runs depend on, with paths inside the repository as the documented command writes them; not where
+    # this invocation put its outputs
+    settings = {name: value for name, value in vars(args).items() if name not in NOT_SETTINGS}
+    if Path(args.eval_clip).resolve().is_relative_to(REPOSITORY):
+        settings["eval_clip"] = str(Path(args.eval_clip).resolve().relative_to(REPOSITORY))
     return {
         "command": benchmark_command(),
         **args.versions,

@@ -103,3 +103,11 @@ def test_psst_renders_the_chosen_runs_and_their_verdicts_from_its_results():
     [comparison] = psst_reproduction.comparisons_of(results)
     assert comparison.difference == pytest.approx(0.10) and comparison.test == "paired"
     assert comparison.verdict == "reproduced" and comparison.sentence() in block
+
+
+def test_lookahead_is_judged_only_where_validation_chose_a_lambda_below_one():
+    actor_critic = importlib.import_module("actor_critic_reproduction")
+    headlines = actor_critic._headlines({"actor-critic (embedding)": 1.0, "actor-critic (CIDEr-D)": 0.8})
+    lookahead = [headline for headline in headlines if headline.metric.startswith("CIDEr-D, lookahead")]
+    assert [(h.first, h.second) for h in lookahead] == [("actor-critic (CIDEr-D), λ = 0.8", "actor-critic (CIDEr-D)")]
+    assert len(headlines) == 3  # the two comparisons with SCST besides

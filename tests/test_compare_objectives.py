@@ -151,9 +151,15 @@ def test_a_tiny_comparison_prints_and_saves_its_table(tmp_path):
     assert text.index("## Against SCST on shapes") < text.index("## Citation")
     assert "evaluator T2I R@1" in text and "![CIDEr-D against evaluator R@1](plot.png)" in text
     assert (tmp_path / "plot.png").is_file()
-    # each spider_pg arm against SCST, on CIDEr-D and the evaluator's R@1, in the words of the one rule
+    # in the words of the one rule: spider_pg against XE (CIDEr-D), against SCST (CIDEr-D, the evaluator's R@1)
+    # and against itself without baseline pretraining (CIDEr-D); no BCMR arm runs here
     verdicts = [line for line in result.stdout.splitlines() if line.startswith("- ")]
-    assert [line.split(":")[0] for line in verdicts] == ["- CIDEr-D", "- evaluator T2I R@1"] * 2
+    assert [line.split(" = ")[0] for line in verdicts] == [
+        "- CIDEr-D: spider_pg − XE",
+        "- CIDEr-D: spider_pg − SCST",
+        "- evaluator T2I R@1: spider_pg − SCST",
+        "- CIDEr-D: spider_pg − spider_pg, no pretraining",
+    ]
     for sentence in verdicts:
         assert "paired interval" in sentence
         assert sentence.endswith(("reproduced", "opposite", "not separated at 2 seeds"))
